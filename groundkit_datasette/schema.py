@@ -1,0 +1,142 @@
+"""The collection file format: stamps, tables, and read-only opening.
+
+See docs/collection-format.md. One place for the DDL and the stamps.
+"""
+
+import sqlite3
+import urllib.parse
+from pathlib import Path
+
+from .errors import NotACollection, SchemaMismatch
+
+# 'GKDS' as a big-endian integer: identifies a groundkit collection without writing to it.
+APPLICATION_ID = 0x474B4453
+SCHEMA_VERSION = 1
+
+DDL = """
+CREATE TABLE documents (
+    document_id TEXT PRIMARY KEY,
+    source TEXT NOT NULL UNIQUE,
+    source_class TEXT NOT NULL,
+    extractor TEXT NOT NULL,
+    extractor_version TEXT NOT NULL,
+    title TEXT,
+    content_hash TEXT NOT NULL,
+    file_hash TEXT NOT NULL,
+    char_count INTEGER NOT NULL,
+    line_count INTEGER NOT NULL,
+    page_count INTEGER,
+    chunk_count INTEGER NOT NULL,
+    acl TEXT,
+    generation INTEGER NOT NULL,
+    ingested_at TEXT NOT NULL
+);
+
+CREATE TABLE chunks (
+    id INTEGER PRIMARY KEY,
+    chunk_id TEXT NOT NULL UNIQUE,
+    document_id TEXT NOT NULL REFERENCES documents(document_id) ON DELETE CASCADE,
+    chunk_index INTEGER NOT NULL,
+    start_offset INTEGER NOT NULL,
+    end_offset INTEGER NOT NULL,
+    line_start INTEGER NOT NULL,
+    line_end INTEGER NOT NULL,
+    page_start INTEGER,
+    page_end INTEGER,
+    heading TEXT NOT NULL DEFAULT '',
+    content TEXT NOT NULL,
+    content_hash TEXT NOT NULL,
+    UNIQUE (document_id, chunk_index)
+);
+CREATE INDEX chunks_document ON chunks(document_id);
+
+CREATE VIRTUAL TABLE chunks_fts USING fts5(
+    content, heading, content='chunks', content_rowid='id', tokenize='porter unicode61'
+);
+CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_fts(rowid, content, heading) VALUES (new.id, new.content, new.heading);
+END;
+CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN
+    INSERT INTO chunks_fts(chunks_fts, rowid, content, heading)
+    VALUES ('delete', old.id, old.content, old.heading);
+END;
+
+-- Per-chunk term ids and frequencies, kept so the BM25 postings can be
+-- rebuilt after an incremental ingest without re-tokenising every chunk.
+CREATE TABLE bm25_chunk_terms (
+    id INTEGER PRIMARY KEY REFERENCES chunks(id) ON DELETE CASCADE,
+    length INTEGER NOT NULL,
+    term_ids BLOB NOT NULL,
+    term_freqs BLOB NOT NULL
+);
+CREATE TABLE bm25_vocab (
+    term TEXT PRIMARY KEY,
+    term_id INTEGER NOT NULL UNIQUE,
+    doc_freq INTEGER NOT NULL DEFAULT 0
+) WITHOUT ROWID;
+-- Precomputed BM25 weight of each (term, chunk): a query is a sum of lookups.
+CREATE TABLE bm25_postings (
+    term_id INTEGER PRIMARY KEY,
+    chunk_ids BLOB NOT NULL,
+    weights BLOB NOT NULL
+);
+
+CREATE TABLE groundkit_manifest (
+    key TEXT PRIMARY KEY,
+    value TEXT
+) WITHOUT ROWID;
+"""
+
+# Tables people browse in Datasette; the others are machinery.
+PUBLIC_TABLES = ("documents", "chunks")
+INTERNAL_TABLES = ("bm25_chunk_terms", "bm25_vocab", "bm25_postings", "groundkit_manifest")
+
+
+def create_schema(conn: sqlite3.Connection) -> None:
+    conn.executescript(DDL)
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def immutable_uri(path: Path) -> str:
+    quoted = urllib.parse.quote(str(Path(path).resolve()))
+    return f"file:{quoted}?mode=ro&immutable=1"
+
+
+def connect_readonly(path: Path) -> sqlite3.Connection:
+    """Open without locking and without ever writing (no -wal, no -shm, no journal)."""
+    conn = sqlite3.connect(immutable_uri(path), uri=True, check_same_thread=False)
+    return conn
+
+
+def read_stamp(conn: sqlite3.Connection) -> tuple[int, int]:
+    app_id = conn.execute("PRAGMA application_id").fetchone()[0]
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    return app_id, version
+
+
+def is_collection_file(path: Path) -> bool:
+    """True when ``path`` is a SQLite file carrying our application id (read immutably)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(100)
+    except OSError:
+        return False
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+        return False
+    # The application id lives at byte offset 68 of the header, big-endian.
+    return int.from_bytes(header[68:72], "big") == APPLICATION_ID
+
+
+def check_stamp(conn: sqlite3.Connection) -> None:
+    app_id, version = read_stamp(conn)
+    if app_id != APPLICATION_ID:
+        raise NotACollection("not a groundkit collection")
+    if version != SCHEMA_VERSION:
+        raise SchemaMismatch(
+            f"collection schema version {version} is not supported (expected {SCHEMA_VERSION})"
+        )
+
+
+def read_manifest(conn: sqlite3.Connection) -> dict:
+    return dict(conn.execute("SELECT key, value FROM groundkit_manifest").fetchall())

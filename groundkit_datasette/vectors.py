@@ -1,0 +1,112 @@
+"""Chunk vectors in LanceDB, keyed by ``chunk_id``.
+
+The SQLite manifest names the table version it goes with (``lance_version``);
+readers check that version out, so vectors written by an unfinished ingest
+are never seen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+TABLE = "chunks"
+ADD_BATCH = 4096
+
+
+def _schema(dimensions: int) -> pa.Schema:
+    return pa.schema(
+        [
+            pa.field("chunk_id", pa.string()),
+            pa.field("document_id", pa.string()),
+            pa.field("vector", pa.list_(pa.float32(), dimensions)),
+        ]
+    )
+
+
+def open_table(lance_dir: Path, version: int | None = None):
+    """Open the vector table read-only at ``version`` (or ``None`` when there is none)."""
+    import lancedb
+
+    if not Path(lance_dir).is_dir():
+        return None
+    db = lancedb.connect(str(lance_dir))
+    try:
+        table = db.open_table(TABLE)
+    except Exception:
+        return None
+    if version is not None:
+        table.checkout(int(version))
+    return table
+
+
+class VectorWriter:
+    """Buffers one ingest run's vector changes and applies them at commit."""
+
+    def __init__(self, lance_dir: Path, dimensions: int, published_version: str | None):
+        import lancedb
+
+        self.dimensions = dimensions
+        self.db = lancedb.connect(str(lance_dir))
+        self.table = None
+        self.by_document: dict[str, set[str]] = {}
+        self.ids: set[str] = set()
+        if self.db.table_exists(TABLE):
+            self.table = self.db.open_table(TABLE)
+            if published_version is not None and self.table.version != int(published_version):
+                # A run that died after writing vectors but before publishing: roll back.
+                self.table.restore(int(published_version))
+            current = self.table.to_arrow().select(["chunk_id", "document_id"]).to_pydict()
+            for cid, did in zip(current["chunk_id"], current["document_id"]):
+                self.ids.add(cid)
+                self.by_document.setdefault(did, set()).add(cid)
+        self.to_delete: set[str] = set()
+        self.to_add: list[tuple[str, str, np.ndarray]] = []
+
+    def existing_ids(self, chunk_ids) -> set[str]:
+        return {c for c in chunk_ids if c in self.ids}
+
+    def replace_document(self, document_id: str, new_rows, keep_ids) -> None:
+        keep = set(keep_ids)
+        old = self.by_document.get(document_id, set())
+        gone = old - keep
+        self.to_delete |= gone
+        self.ids -= gone
+        for cid, vec in new_rows:
+            self.to_add.append((cid, document_id, np.asarray(vec, dtype=np.float32)))
+            self.ids.add(cid)
+        self.by_document[document_id] = (old & keep) | {cid for cid, _ in new_rows}
+        if len(self.to_add) >= ADD_BATCH:
+            self._flush_adds()
+
+    def _ensure_table(self):
+        if self.table is None:
+            self.table = self.db.create_table(TABLE, schema=_schema(self.dimensions))
+
+    def _flush_adds(self):
+        if not self.to_add:
+            return
+        self._ensure_table()
+        flat = np.stack([v for _, _, v in self.to_add]).astype(np.float32).ravel()
+        batch = pa.table(
+            {
+                "chunk_id": [c for c, _, _ in self.to_add],
+                "document_id": [d for _, d, _ in self.to_add],
+                "vector": pa.FixedSizeListArray.from_arrays(pa.array(flat), self.dimensions),
+            },
+            schema=_schema(self.dimensions),
+        )
+        self.table.add(batch)
+        self.to_add = []
+
+    def commit(self) -> int:
+        self._ensure_table()
+        doomed = sorted(self.to_delete)
+        for i in range(0, len(doomed), 1000):
+            quoted = ",".join("'" + c.replace("'", "''") + "'" for c in doomed[i : i + 1000])
+            self.table.delete(f"chunk_id IN ({quoted})")
+        self.to_delete = set()
+        self._flush_adds()
+        return self.table.version

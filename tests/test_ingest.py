@@ -1,0 +1,282 @@
+import fcntl
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from groundkit_datasette import schema
+from groundkit_datasette.errors import CollectionBusy, InvalidCollectionName, InvalidRequest
+from groundkit_datasette.extract import extract_file
+from groundkit_datasette.ingest import Indexer, ingest
+
+from .conftest import snapshot, write_corpus
+
+
+def open_immutable(path):
+    return schema.connect_readonly(path)
+
+
+def rows(path, sql, params=()):
+    conn = open_immutable(path)
+    try:
+        return conn.execute(sql, params).fetchall()
+    finally:
+        conn.close()
+
+
+def test_ingest_builds_a_stamped_immutable_readable_collection(corpus, index_dir):
+    report = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert (report.added, report.updated, report.unchanged, report.removed) == (4, 0, 0, 0)
+    assert report.skipped == {"binary": 1}
+    path = index_dir / "energy.sqlite3"
+    assert sorted(p.name for p in index_dir.iterdir() if not p.name.startswith(".")) == [
+        "energy.sqlite3"
+    ]
+    conn = open_immutable(path)
+    assert schema.read_stamp(conn) == (schema.APPLICATION_ID, schema.SCHEMA_VERSION)
+    assert schema.is_collection_file(path)
+    # Rollback-journal mode: an immutable reader sees every committed row.
+    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    sources = [r[0] for r in conn.execute("SELECT source FROM documents ORDER BY source")]
+    assert sources == ["notes/calc.py", "notes/hydro.html", "notes/wind.txt", "solar.md"]
+    n_chunks = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    assert n_chunks == conn.execute("SELECT sum(chunk_count) FROM documents").fetchone()[0]
+    assert n_chunks == report.chunks_written > 0
+    fts = conn.execute(
+        "SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH 'batteries'"
+    ).fetchone()[0]
+    assert fts == 1
+    assert not any(p.name.endswith(("-wal", "-shm", "-journal")) for p in index_dir.iterdir())
+
+
+def test_offsets_are_exact_against_the_source(corpus, index_dir):
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none", chunk_size=120,
+           chunk_overlap=20)
+    conn = open_immutable(index_dir / "energy.sqlite3")
+    docs = conn.execute("SELECT document_id, source FROM documents").fetchall()
+    checked = 0
+    for document_id, source in docs:
+        text = extract_file(corpus / source).text
+        for start, end, ls, le, content in conn.execute(
+            "SELECT start_offset, end_offset, line_start, line_end, content FROM chunks "
+            "WHERE document_id = ? ORDER BY chunk_index",
+            (document_id,),
+        ):
+            assert text[start:end] == content
+            assert ls == text.count("\n", 0, start) + 1
+            assert le == text.count("\n", 0, end - 1) + 1
+            checked += 1
+    assert checked > 6
+
+
+def test_markdown_heading_path_is_recorded(corpus, index_dir):
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    headings = {
+        r[0]
+        for r in rows(index_dir / "energy.sqlite3",
+                      "SELECT heading FROM chunks JOIN documents USING (document_id) "
+                      "WHERE source = 'solar.md'")
+    }
+    assert "Solar power > Storage" in headings
+
+
+def test_reingest_is_incremental(corpus, index_dir):
+    path = index_dir / "energy.sqlite3"
+    first = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    before = snapshot(index_dir)
+    again = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert (again.added, again.updated, again.unchanged) == (0, 0, 4)
+    assert not again.published and again.generation == first.generation
+    assert snapshot(index_dir) == before  # nothing rewritten when nothing changed
+
+    (corpus / "notes" / "wind.txt").write_text("Wind farms need planning permission.\n")
+    (corpus / "notes" / "calc.py").unlink()
+    third = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert (third.added, third.updated, third.unchanged, third.removed) == (0, 1, 2, 1)
+    assert third.generation == first.generation + 1
+    contents = [r[0] for r in rows(path, "SELECT content FROM chunks")]
+    assert "Wind farms need planning permission." in contents
+    assert not any("Offshore" in c for c in contents)
+    assert rows(path, "SELECT count(*) FROM documents WHERE source = 'notes/calc.py'") == [(0,)]
+    # FTS and BM25 postings follow the change.
+    assert rows(path, "SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH 'offshore'") == [(0,)]
+    assert rows(path, "SELECT count(*) FROM bm25_vocab WHERE term = 'offshor'") == [(0,)]
+    assert rows(path, "SELECT count(*) FROM bm25_vocab WHERE term = 'permiss'") == [(1,)]
+
+
+def test_pruning_is_limited_to_the_roots_given(corpus, index_dir):
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    (corpus / "solar.md").unlink()
+    report = ingest([corpus / "notes"], collection="energy", index_dir=index_dir,
+                    embedder="none", base_dir=corpus)
+    assert report.removed == 0  # solar.md is outside the root given this time
+    report = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert report.removed == 1
+
+
+def test_failure_inside_a_document_keeps_its_previous_state(corpus, index_dir, monkeypatch):
+    path = index_dir / "energy.sqlite3"
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    old_solar = rows(path, "SELECT chunk_id, content FROM chunks JOIN documents USING (document_id) "
+                           "WHERE source = 'solar.md' ORDER BY chunk_index")
+    (corpus / "solar.md").write_text("# Solar\n\nfirst part\n\n## Two\n\nsecond part BROKEN\n")
+    (corpus / "notes" / "wind.txt").write_text("Wind is changed too.\n")
+
+    original = Indexer._insert_terms
+
+    def explode(self, conn, row_id, terms, chunk):
+        if "BROKEN" in chunk.text:  # fails after the document's first chunk was written
+            raise RuntimeError("disk on fire")
+        return original(self, conn, row_id, terms, chunk)
+
+    monkeypatch.setattr(Indexer, "_insert_terms", explode)
+    report = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert report.failed == 1 and report.updated == 1
+    assert report.failed_files == [("solar.md", "write failed")]
+    now_solar = rows(path, "SELECT chunk_id, content FROM chunks JOIN documents USING (document_id) "
+                           "WHERE source = 'solar.md' ORDER BY chunk_index")
+    assert now_solar == old_solar
+    assert rows(path, "SELECT content FROM chunks JOIN documents USING (document_id) "
+                      "WHERE source = 'notes/wind.txt'") == [("Wind is changed too.",)]
+
+
+def test_kill_during_ingest_leaves_the_published_file_whole(tmp_path, index_dir):
+    corpus = tmp_path / "big"
+    corpus.mkdir()
+    (corpus / "seed.md").write_text("# Seed\n\nthe first version\n")
+    ingest([corpus], collection="big", index_dir=index_dir, embedder="none")
+    path = index_dir / "big.sqlite3"
+    before = path.read_bytes()
+    for i in range(3000):
+        (corpus / f"doc{i:05d}.txt").write_text(
+            "\n\n".join(f"Paragraph {j} of document {i} about topic {i % 17}." for j in range(30))
+        )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "groundkit_datasette.cli", "ingest", str(corpus),
+         "--collection", "big", "--index-dir", str(index_dir), "--embedder", "none"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    # Wait until the private copy exists, i.e. the run is mid-way, then kill it.
+    deadline = time.monotonic() + 60
+    while not list(index_dir.glob(".big.sqlite3.ingest-*")):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert path.read_bytes() == before
+    assert rows(path, "SELECT count(*) FROM documents") == [(1,)]
+    # The next run cleans up after the dead one and completes.
+    report = ingest([corpus], collection="big", index_dir=index_dir, embedder="none")
+    assert report.added == 3000
+    assert not list(index_dir.glob(".big.sqlite3.ingest-*"))
+
+
+def test_second_ingest_fails_fast_while_one_is_writing(corpus, index_dir):
+    lock = os.open(index_dir / ".energy.lock", os.O_RDWR | os.O_CREAT)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+        started = time.monotonic()
+        with pytest.raises(CollectionBusy, match="being written by another ingest"):
+            ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+        assert time.monotonic() - started < 5
+    finally:
+        os.close(lock)
+    assert not (index_dir / "energy.sqlite3").exists()
+
+
+@pytest.mark.parametrize(
+    "name", ["../escape", "a/b", "/abs", "a\\b", "a\0b", "", ".hidden", "x" * 65, "..", "a b"]
+)
+def test_invalid_names_are_refused_before_touching_disk(corpus, index_dir, name):
+    before = snapshot(index_dir)
+    with pytest.raises(InvalidCollectionName):
+        ingest([corpus], collection=name, index_dir=index_dir, embedder="none")
+    assert snapshot(index_dir) == before
+    assert list(index_dir.iterdir()) == []
+
+
+def test_symlink_leaving_the_base_is_refused_and_reported(tmp_path, corpus, index_dir):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the password is hunter2\n")
+    (corpus / "leak.txt").symlink_to(secret)
+    (corpus / "inside.txt").symlink_to(corpus / "solar.md")
+    report = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert ("leak.txt", "symlink outside base directory") in report.skipped_files
+    assert rows(index_dir / "energy.sqlite3",
+                "SELECT count(*) FROM chunks WHERE content LIKE '%hunter2%'") == [(0,)]
+    assert rows(index_dir / "energy.sqlite3",
+                "SELECT count(*) FROM documents WHERE source = 'inside.txt'") == [(1,)]
+
+
+def test_paths_outside_the_base_dir_are_refused(tmp_path, corpus, index_dir):
+    other = tmp_path / "other"
+    other.mkdir()
+    with pytest.raises(InvalidRequest, match="outside the base directory"):
+        ingest([other], collection="energy", index_dir=index_dir, embedder="none", base_dir=corpus)
+
+
+def test_sources_are_stored_relative_to_the_base(corpus, index_dir):
+    ingest([corpus / "notes"], collection="energy", index_dir=index_dir, embedder="none",
+           base_dir=corpus)
+    sources = {r[0] for r in rows(index_dir / "energy.sqlite3", "SELECT source FROM documents")}
+    assert sources == {"notes/calc.py", "notes/hydro.html", "notes/wind.txt"}
+
+
+def test_reader_keeps_a_consistent_view_while_ingest_replaces_the_file(tmp_path, index_dir):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    for i in range(200):
+        (corpus / f"d{i}.txt").write_text(f"alpha document {i}\n\nsecond paragraph {i}\n")
+    ingest([corpus], collection="live", index_dir=index_dir, embedder="none")
+    path = index_dir / "live.sqlite3"
+    held = open_immutable(path)  # a long-lived reader on the old file
+    held_count = held.execute("SELECT count(*) FROM chunks").fetchone()[0]
+
+    errors, observed, stop = [], set(), threading.Event()
+
+    def reader():
+        while not stop.is_set():
+            try:
+                conn = open_immutable(path)
+                gen = conn.execute(
+                    "SELECT value FROM groundkit_manifest WHERE key = 'generation'"
+                ).fetchone()[0]
+                n = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+                total = conn.execute("SELECT sum(chunk_count) FROM documents").fetchone()[0]
+                fts = conn.execute(
+                    "SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH 'alpha OR beta'"
+                ).fetchone()[0]
+                conn.close()
+                if n != total or fts != (n if gen == "1" else fts):
+                    errors.append((gen, n, total, fts))
+                observed.add(gen)
+            except Exception as exc:  # any torn read fails the test
+                errors.append(repr(exc))
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    try:
+        for i in range(200):
+            (corpus / f"d{i}.txt").write_text(f"beta document {i}\n")
+        for i in range(200, 400):
+            (corpus / f"d{i}.txt").write_text(f"beta extra {i}\n")
+        ingest([corpus], collection="live", index_dir=index_dir, embedder="none")
+        time.sleep(0.2)
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
+    assert observed == {"1", "2"} or observed == {"2"}
+    # The reader that had the old file open still sees the old state, whole.
+    assert held.execute("SELECT count(*) FROM chunks").fetchone()[0] == held_count
+    assert held.execute("SELECT count(*) FROM documents").fetchone()[0] == 200
+    held.close()
+    assert rows(path, "SELECT count(*) FROM documents") == [(400,)]
