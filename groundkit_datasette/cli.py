@@ -85,12 +85,7 @@ def ingest(paths, collection, index_dir, base_dir, embedder, embedder_option, ch
     """Ingest files and directories into a collection (incremental)."""
     from .ingest import Indexer
 
-    options = {}
-    for item in embedder_option:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter("expected KEY=VALUE", param_hint="--embedder-option")
-        options[key] = value
+    options = _key_values(embedder_option, "--embedder-option")
     try:
         indexer = Indexer(
             collection,
@@ -123,6 +118,146 @@ def ingest(paths, collection, index_dir, base_dir, embedder, embedder_option, ch
         f"{report.seconds:.2f} s, {report.chunks_per_second:.0f} chunks/s; "
         f"generation {report.generation}" + ("" if report.published else " (nothing changed)")
     )
+
+
+def _open(collection, index_dir, base_dir=None, reranker=None):
+    from .collection import Collection
+    from .names import resolve_collection_arg
+
+    directory, name = resolve_collection_arg(collection, index_dir)
+    return Collection.open(name, index_dir=directory, base_dir=base_dir, reranker=reranker)
+
+
+def _reranker_from_options(name, options):
+    if not name:
+        return None
+    from .rerankers import get_reranker
+
+    return get_reranker(name, **_key_values(options, "--reranker-option"))
+
+
+def _key_values(items, hint):
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter("expected KEY=VALUE", param_hint=hint)
+        out[key] = value
+    return out
+
+
+_index_dir_option = click.option(
+    "--index-dir", default=".", show_default=True, type=click.Path(file_okay=False),
+    help="Directory holding the collections.",
+)
+
+
+@cli.command()
+@click.argument("collection")
+@click.argument("query")
+@_index_dir_option
+@click.option("--mode", type=click.Choice(["bm25", "dense", "hybrid"]),
+              help="Default: hybrid when the collection has vectors, else bm25.")
+@click.option("--top-k", default=10, show_default=True, type=int)
+@click.option("--rerank", is_flag=True, help="Rerank with --reranker.")
+@click.option("--reranker", help="Reranker name: cross-encoder or http (or a plugin's).")
+@click.option("--reranker-option", multiple=True, metavar="KEY=VALUE",
+              help="e.g. -R model_dir=./ms-marco-onnx", )
+@click.option("--source", help="Only sources with this prefix (or matching this glob).")
+@click.option("--json", "as_json", is_flag=True, help="Print the response model as JSON.")
+def search(collection, query, index_dir, mode, top_k, rerank, reranker, reranker_option, source,
+           as_json):
+    """Search COLLECTION (a name in --index-dir, or a path to a .sqlite3 file)."""
+    from pydantic import ValidationError
+
+    from .models import SearchRequest
+
+    try:
+        request = SearchRequest(query=query, mode=mode, top_k=top_k, rerank=rerank, source=source)
+    except ValidationError as exc:
+        raise click.UsageError("; ".join(e["msg"] for e in exc.errors())) from None
+    try:
+        with _open(collection, index_dir,
+                   reranker=_reranker_from_options(reranker, reranker_option)) as col:
+            response = col.search(request)
+    except GroundkitError as error:
+        _fail(error)
+    if as_json:
+        click.echo(response.model_dump_json(indent=2))
+        return
+    click.echo(f"{len(response.hits)} hits ({response.mode}, generation {response.generation}, "
+               f"{response.timings_ms.get('total_ms', 0):.1f} ms)")
+    for hit in response.hits:
+        where = f"{hit.source}:{hit.line_start}-{hit.line_end}"
+        click.echo(f"{hit.rank:>3}. {hit.score:.4f}  {where}  [{hit.chunk_id}]")
+        if hit.heading:
+            click.echo(f"     {hit.heading}")
+        snippet = " ".join(hit.content.split())
+        click.echo(f"     {snippet[:160]}{'...' if len(snippet) > 160 else ''}")
+
+
+@cli.command("fetch-chunk")
+@click.argument("collection")
+@click.argument("chunk_id")
+@_index_dir_option
+@click.option("--base-dir", type=click.Path(file_okay=False),
+              help="Where sources are re-read from. Default: the base directory recorded at ingest.")
+@click.option("--json", "as_json", is_flag=True)
+def fetch_chunk(collection, chunk_id, index_dir, base_dir, as_json):
+    """Fetch a chunk and verify its citation against the current source."""
+    from pydantic import ValidationError
+
+    try:
+        with _open(collection, index_dir, base_dir=base_dir) as col:
+            response = col.fetch_chunk(chunk_id)
+    except ValidationError:
+        raise click.UsageError("chunk id must look like c_ followed by 24 hex digits") from None
+    except GroundkitError as error:
+        _fail(error)
+    if as_json:
+        click.echo(response.model_dump_json(indent=2))
+        return
+    c, v = response.chunk, response.verification
+    click.echo(f"{c.source}:{c.line_start}-{c.line_end} [{c.start_offset}:{c.end_offset}] {c.heading}")
+    click.echo(f"{v.status}: {v.reason}")
+    if v.relocated is not None:
+        r = v.relocated
+        click.echo(f"now at lines {r.line_start}-{r.line_end} [{r.start_offset}:{r.end_offset}]")
+    click.echo("")
+    click.echo(c.content)
+
+
+@cli.command()
+@click.argument("collection")
+@_index_dir_option
+@click.option("--json", "as_json", is_flag=True)
+def status(collection, index_dir, as_json):
+    """Counts, embedding manifest and generation of a collection."""
+    try:
+        with _open(collection, index_dir) as col:
+            response = col.status()
+    except GroundkitError as error:
+        _fail(error)
+    if as_json:
+        click.echo(response.model_dump_json(indent=2))
+        return
+    for key, value in response.model_dump().items():
+        click.echo(f"{key}: {value}")
+
+
+@cli.command()
+@_index_dir_option
+@click.option("--json", "as_json", is_flag=True)
+def collections(index_dir, as_json):
+    """List the collections in --index-dir."""
+    from .collection import list_collections
+
+    response = list_collections(index_dir)
+    if as_json:
+        click.echo(response.model_dump_json(indent=2))
+        return
+    for name in response.collections:
+        click.echo(name)
 
 if __name__ == "__main__":
     cli()

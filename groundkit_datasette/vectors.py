@@ -53,7 +53,7 @@ class VectorWriter:
         self.table = None
         self.by_document: dict[str, set[str]] = {}
         self.ids: set[str] = set()
-        if self.db.table_exists(TABLE):
+        if TABLE in self.db.list_tables().tables:
             self.table = self.db.open_table(TABLE)
             if published_version is not None and self.table.version != int(published_version):
                 # A run that died after writing vectors but before publishing: roll back.

@@ -1,0 +1,281 @@
+"""BM25, dense, hybrid and reranked search over one open collection."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from . import bm25
+from .errors import (
+    DenseUnavailable,
+    EmbedderError,
+    EmbedderMismatch,
+    InvalidRequest,
+    RerankNotConfigured,
+    RerankerError,
+)
+from .models import MAX_TOP_K, ComponentScore, Hit, SearchRequest, SearchResponse
+
+# Candidates taken from each list before reciprocal rank fusion.
+HYBRID_DEPTH = 100
+RRF_K = 60
+_GLOB_CHARS = set("*?[")
+
+_embedders: dict[str, object] = {}
+_embedders_lock = threading.Lock()
+
+
+def query_embedder(collection):
+    """The embedder that turns queries into vectors for ``collection``; checked against its manifest."""
+    manifest = collection.embedding
+    embedder = collection.embedder
+    if embedder is None:
+        name = collection.manifest.get("embedder")
+        with _embedders_lock:
+            embedder = _embedders.get(name)
+            if embedder is None:
+                from .embedders import get_embedder
+
+                try:
+                    embedder = get_embedder(name)
+                except EmbedderError:
+                    raise DenseUnavailable(
+                        f"this server has no embedder '{name}' for the collection's queries; "
+                        "use mode bm25 or pass a query vector"
+                    ) from None
+                _embedders[name] = embedder
+    got = (embedder.provider, embedder.model_name, int(embedder.dimensions))
+    want = (manifest.provider, manifest.model, manifest.dimensions)
+    if got != want:
+        raise EmbedderMismatch(
+            f"the server's embedder {got[0]}/{got[1]} ({got[2]} dimensions) does not match the "
+            f"collection's {want[0]}/{want[1]} ({want[2]} dimensions)"
+        )
+    return embedder
+
+
+def _filter_sql(request: SearchRequest):
+    clauses, params = [], []
+    if request.source:
+        if _GLOB_CHARS & set(request.source):
+            clauses.append("d.source GLOB ?")
+            params.append(request.source)
+        else:
+            clauses.append("substr(d.source, 1, ?) = ?")
+            params += [len(request.source), request.source]
+    if request.document_id:
+        clauses.append("d.document_id = ?")
+        params.append(request.document_id)
+    return clauses, params
+
+
+def _allowed(collection, request):
+    """``(chunk row ids, document ids)`` passing the request's filters, or ``None`` when unfiltered."""
+    clauses, params = _filter_sql(request)
+    if not clauses:
+        return None
+    rows = collection.query(
+        "SELECT c.id, c.document_id FROM chunks c JOIN documents d USING (document_id) WHERE "
+        + " AND ".join(clauses),
+        params,
+    )
+    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+    return ids, sorted({r[1] for r in rows})
+
+
+def _bm25_ranked(collection, query, depth, allowed):
+    """Top ``depth`` as ``[(chunk_id, score)]``; ties broken by chunk content hash."""
+    with collection._lock:
+        ids, scores = bm25.score(collection._conn, query)
+    if allowed is not None and ids.size:
+        keep = np.isin(ids, allowed[0])
+        ids, scores = ids[keep], scores[keep]
+    if not ids.size:
+        return []
+    if ids.size > depth:
+        kth = np.partition(scores, ids.size - depth)[ids.size - depth]
+        sel = scores >= kth
+        ids, scores = ids[sel], scores[sel]
+    marks = ",".join("?" * ids.size)
+    meta = dict(
+        (r[0], (r[1], r[2]))
+        for r in collection.query(
+            f"SELECT id, chunk_id, content_hash FROM chunks WHERE id IN ({marks})",
+            [int(i) for i in ids],
+        )
+    )
+    ranked = sorted(
+        ((float(s), meta[int(i)][1], meta[int(i)][0]) for i, s in zip(ids, scores)),
+        key=lambda t: (-t[0], t[1]),
+    )
+    return [(chunk_id, score) for score, _h, chunk_id in ranked[:depth]]
+
+
+def _dense_ranked(collection, vector, depth, allowed):
+    table = collection.vectors()
+    if table is None:
+        raise DenseUnavailable("the collection has no vectors; use mode bm25")
+    q = table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
+    q = q.distance_type("cosine").limit(depth).select(["chunk_id"])
+    if collection.manifest.get("ann_index"):
+        q = q.nprobes(int(collection.manifest.get("ann_nprobes", "20"))).refine_factor(
+            int(collection.manifest.get("ann_refine", "5"))
+        )
+    if allowed is not None:
+        if not allowed[1]:
+            return []
+        quoted = ",".join("'" + d.replace("'", "''") + "'" for d in allowed[1])
+        q = q.where(f"document_id IN ({quoted})", prefilter=True)
+    result = q.to_arrow().to_pydict()
+    return [(cid, 1.0 - float(dist)) for cid, dist in zip(result["chunk_id"], result["_distance"])]
+
+
+def _query_vector(collection, request):
+    manifest = collection.embedding
+    if manifest is None:
+        raise DenseUnavailable("the collection was built without embeddings; use mode bm25")
+    if request.vector is not None:
+        if len(request.vector) != manifest.dimensions:
+            raise InvalidRequest(
+                f"vector has {len(request.vector)} dimensions; the collection's embeddings have "
+                f"{manifest.dimensions}"
+            )
+        vec = np.asarray(request.vector, dtype=np.float32)
+        norm = float(np.linalg.norm(vec))
+        if norm == 0.0:
+            raise InvalidRequest("vector must not be all zeros")
+        return vec / norm
+    return query_embedder(collection).embed_query(request.query)
+
+
+def _fuse(bm25_list, dense_list):
+    scores: dict[str, float] = {}
+    for ranked in (bm25_list, dense_list):
+        for rank, (cid, _s) in enumerate(ranked, 1):
+            scores[cid] = scores.get(cid, 0.0) + 1.0 / (RRF_K + rank)
+    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+
+
+def _hits(collection, ranked, components):
+    if not ranked:
+        return []
+    ids = [cid for cid, _ in ranked]
+    marks = ",".join("?" * len(ids))
+    rows = {
+        r[0]: r
+        for r in collection.query(
+            f"""SELECT c.chunk_id, c.document_id, d.source, d.title, c.start_offset, c.end_offset,
+                       c.line_start, c.line_end, c.page_start, c.page_end, c.heading, c.content
+                FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id IN ({marks})""",
+            ids,
+        )
+    }
+    hits = []
+    for rank, (cid, score) in enumerate(ranked, 1):
+        r = rows.get(cid)
+        if r is None:  # a vector without its chunk row: never serve a half-consistent hit
+            from .errors import IndexInconsistent
+
+            raise IndexInconsistent(
+                "the collection's vectors and chunks disagree; re-run groundkit ingest"
+            )
+        hits.append(
+            Hit(
+                rank=rank, score=score, chunk_id=cid, document_id=r[1], source=r[2], title=r[3],
+                start_offset=r[4], end_offset=r[5], line_start=r[6], line_end=r[7],
+                page_start=r[8], page_end=r[9], heading=r[10], content=r[11],
+                components=components.get(cid, {}),
+            )
+        )
+    return hits
+
+
+def run_search(collection, request: SearchRequest) -> SearchResponse:
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    mode = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
+    if request.rerank and collection.reranker is None:
+        raise RerankNotConfigured("reranking was requested but no reranker is configured")
+    depth = MAX_TOP_K if request.rerank else request.top_k
+    allowed = _allowed(collection, request)
+    components: dict[str, dict[str, ComponentScore]] = {}
+
+    def timed(label, fn, *args):
+        t = time.perf_counter()
+        out = fn(*args)
+        timings[label] = round((time.perf_counter() - t) * 1000, 3)
+        return out
+
+    bm25_list = dense_list = None
+    if mode in ("dense", "hybrid"):
+        vector = timed("embed_ms", _query_vector, collection, request)
+    if mode in ("bm25", "hybrid"):
+        bm25_list = timed(
+            "bm25_ms", _bm25_ranked, collection, request.query,
+            depth if mode == "bm25" else max(depth, HYBRID_DEPTH), allowed,
+        )
+        for rank, (cid, s) in enumerate(bm25_list, 1):
+            components.setdefault(cid, {})["bm25"] = ComponentScore(rank=rank, score=s)
+    if mode in ("dense", "hybrid"):
+        dense_list = timed(
+            "dense_ms", _dense_ranked, collection, vector,
+            depth if mode == "dense" else max(depth, HYBRID_DEPTH), allowed,
+        )
+        for rank, (cid, s) in enumerate(dense_list, 1):
+            components.setdefault(cid, {})["dense"] = ComponentScore(rank=rank, score=s)
+    if mode == "hybrid":
+        ranked = _fuse(bm25_list, dense_list)[:depth]
+    else:
+        ranked = bm25_list if mode == "bm25" else dense_list
+
+    rerank_model = rerank_depth = None
+    if request.rerank:
+        ranked, rerank_model, rerank_depth = timed(
+            "rerank_ms", _rerank, collection, request.query, ranked, components
+        )
+    ranked = ranked[: request.top_k]
+    hits = _hits(collection, ranked, components)
+    timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    return SearchResponse(
+        collection=collection.name,
+        mode=mode,
+        generation=collection.generation,
+        top_k=request.top_k,
+        reranked=request.rerank,
+        rerank_model=rerank_model,
+        rerank_depth=rerank_depth,
+        complete=True,
+        timings_ms=timings,
+        hits=hits,
+    )
+
+
+def _rerank(collection, query, ranked, components):
+    reranker = collection.reranker
+    if not ranked:
+        return [], reranker.model_name, 0
+    ids = [cid for cid, _ in ranked]
+    marks = ",".join("?" * len(ids))
+    rows = dict(
+        (r[0], (r[1], r[2]))
+        for r in collection.query(
+            f"SELECT chunk_id, content, content_hash FROM chunks WHERE chunk_id IN ({marks})", ids
+        )
+    )
+    texts = [rows[cid][0] for cid in ids]
+    try:
+        scores = reranker.score(query, texts)
+    except RerankerError:
+        raise
+    except Exception:
+        raise RerankerError("the reranker failed") from None
+    if len(scores) != len(ids):
+        raise RerankerError("the reranker returned the wrong number of scores")
+    order = sorted(range(len(ids)), key=lambda i: (-float(scores[i]), rows[ids[i]][1]))
+    out = []
+    for i in order:
+        components.setdefault(ids[i], {})["rerank"] = ComponentScore(score=float(scores[i]))
+        out.append((ids[i], float(scores[i])))
+    return out, reranker.model_name, len(ids)
