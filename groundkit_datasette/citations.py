@@ -206,9 +206,9 @@ def _reextract(
 
 
 def _compare(text: str, start, end, content: str, context_chars: int) -> Verification:
-    in_range = (
-        _is_int(start) and _is_int(end) and 0 <= start < end <= len(text)
-    )
+    if not isinstance(content, str):
+        content = ""  # nothing to match or relocate: drifts
+    in_range = _is_int(start) and _is_int(end) and 0 <= start < end <= len(text)
     if in_range and content and text[start:end] == content:
         return Verification(
             status="verified",

@@ -259,5 +259,60 @@ def collections(index_dir, as_json):
     for name in response.collections:
         click.echo(name)
 
+
+@cli.command()
+@click.option("--index-dir", type=click.Path(file_okay=False),
+              help="Serve every collection in this directory. Default: plugins.groundkit.index_dir "
+                   "from --metadata, else the current directory.")
+@click.option("--base-dir", type=click.Path(file_okay=False),
+              help="Where fetch_chunk re-reads sources to verify citations.")
+@click.option("--metadata", "-m", type=click.File("r"),
+              help="Datasette metadata (YAML or JSON), e.g. permissions and plugins.groundkit settings.")
+def mcp(index_dir, base_dir, metadata):
+    """Serve the collections as MCP tools over stdio (for Claude Desktop, IDEs and other clients)."""
+    # stdout carries JSON-RPC frames only: claim it before anything else can write to it.
+    from .mcp_server import claim_stdout
+
+    wire = claim_stdout()
+    import asyncio
+    from pathlib import Path
+
+    from datasette.app import Datasette
+    from datasette.utils import BadMetadataError, parse_metadata
+
+    from .mcp_server import run_stdio
+
+    try:
+        config = dict(parse_metadata(metadata.read()) or {}) if metadata is not None else {}
+    except BadMetadataError as exc:
+        raise click.BadParameter(str(exc), param_hint="--metadata") from None
+    plugins = dict(config.get("plugins") or {})
+    settings = dict(plugins.get("groundkit") or {})
+    if index_dir is not None:
+        settings["index_dir"] = index_dir
+    settings.setdefault("index_dir", ".")
+    if base_dir is not None:
+        settings["base_dir"] = base_dir
+    if not Path(settings["index_dir"]).is_dir():
+        raise click.UsageError(f"index directory not found: {settings['index_dir']}")
+    plugins["groundkit"] = settings
+    config["plugins"] = plugins
+
+    async def serve():
+        # The same configuration path as `datasette serve`: our startup hook attaches
+        # every collection in index_dir as an immutable database.
+        datasette = Datasette(files=[], metadata=config)
+        try:
+            await datasette.invoke_startup()
+        except ValueError as exc:  # unknown plugin settings: say so, without a traceback
+            raise click.ClickException(str(exc)) from None
+        await run_stdio(datasette, stdout=wire)
+
+    try:
+        asyncio.run(serve())
+    except KeyboardInterrupt:
+        pass
+
+
 if __name__ == "__main__":
     cli()

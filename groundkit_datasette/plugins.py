@@ -8,7 +8,7 @@ pm = pluggy.PluginManager("groundkit")
 pm.add_hookspecs(hookspecs)
 pm.load_setuptools_entrypoints("groundkit")
 
-_BUILTINS = ("groundkit_datasette.embedders",)
+_BUILTINS = ("groundkit_datasette.embedders", "groundkit_datasette.rerankers")
 
 
 def _load_builtins():

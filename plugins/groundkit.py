@@ -1,14 +1,19 @@
 """Lets ``datasette ... --plugins-dir plugins`` load groundkit from a checkout.
 
-Datasette also loads the installed entry point; pluggy refuses to register the
-same module twice, so we hand over only when the entry point did not.
+When the package is installed, Datasette has already registered its entry
+point module; registering it again is skipped, so hooks never run twice.
 """
 
 import sys
 from pathlib import Path
 
 try:
-    import groundkit_datasette.plugin  # noqa: F401
-except ImportError:  # running from a checkout without installing
+    import groundkit_datasette.plugin as _groundkit
+except ImportError:  # a checkout that was not pip-installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import groundkit_datasette.plugin  # noqa: F401
+    import groundkit_datasette.plugin as _groundkit
+
+from datasette.plugins import pm
+
+if not pm.is_registered(_groundkit):
+    pm.register(_groundkit, name="groundkit_datasette.plugin")

@@ -1,0 +1,250 @@
+"""What every surface (JSON API, HTML pages, MCP) shares: configuration, the
+collection registry, the tool-call context, and the one exception mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from . import errors as E
+from .collection import Collection
+from .names import validate_name
+from .schema import is_collection_file
+
+log = logging.getLogger("groundkit")
+access_log = logging.getLogger("groundkit.access")
+
+# Status and exposure per error type, matched subclass-first along the MRO.
+# Only types listed with safe=True return their own message; the rest a fixed text.
+_ERRORS: dict[type, tuple[int, bool]] = {
+    E.InvalidCollectionName: (400, True),
+    E.InvalidRequest: (400, True),
+    E.DenseUnavailable: (400, True),
+    E.EmbedderMismatch: (409, True),
+    E.CollectionNotFound: (404, True),
+    E.ChunkNotFound: (404, True),
+    E.NotACollection: (404, True),
+    E.IndexInconsistent: (409, True),
+    E.SchemaMismatch: (409, True),
+    E.CollectionBusy: (409, True),
+    E.RerankNotConfigured: (501, True),
+    E.EmbedderError: (502, False),
+    E.RerankerError: (502, False),
+    E.UnsafeEndpoint: (502, False),
+}
+_FIXED = {
+    502: "an upstream model service failed",
+    500: "internal error",
+}
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    status: int
+    kind: str
+    detail: str
+
+    def body(self, request_id: str) -> dict:
+        return {"ok": False, "error": self.kind, "detail": self.detail, "request_id": request_id}
+
+
+def _validation_detail(exc: ValidationError) -> str:
+    """Name the fields and the rule, never the submitted value or an unknown field's name."""
+    parts = []
+    for err in exc.errors(include_input=False, include_url=False):
+        if err["type"] == "extra_forbidden":
+            parts.append("unknown fields are not allowed")
+            continue
+        loc = ".".join(str(p) for p in err["loc"] if isinstance(p, str))
+        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+    return "; ".join(dict.fromkeys(parts)) or "malformed request"
+
+
+def map_exception(exc: BaseException) -> ErrorInfo:
+    """The one exception-to-response mapping shared by the JSON API and MCP."""
+    if isinstance(exc, ValidationError):
+        return ErrorInfo(422, "malformed_request", _validation_detail(exc))
+    if isinstance(exc, MalformedBody):
+        return ErrorInfo(422, "malformed_request", str(exc))
+    if isinstance(exc, RequestRejected):
+        return ErrorInfo(exc.status, exc.kind, str(exc))
+    for cls in type(exc).__mro__:
+        if cls in _ERRORS:
+            status, safe = _ERRORS[cls]
+            return ErrorInfo(status, cls.kind, str(exc) if safe else _FIXED[status])
+    return ErrorInfo(500, "internal_error", _FIXED[500])
+
+
+class MalformedBody(Exception):
+    """The body is not a JSON object (message is fixed text)."""
+
+
+class RequestRejected(Exception):
+    """Refused before any tool ran: size limits, Host checks, authentication."""
+
+    def __init__(self, status: int, kind: str, detail: str):
+        super().__init__(detail)
+        self.status = status
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Plugin settings (``plugins: groundkit:`` in metadata.yml)."""
+
+    index_dir: Path | None = None
+    base_dir: Path | None = None
+    embedder: str | None = None
+    embedder_options: dict | None = None
+    reranker: str | None = None
+    reranker_options: dict | None = None
+    allow_remote_access: bool = False
+    allow_anonymous: bool = False
+
+    @classmethod
+    def from_config(cls, config: dict | None) -> "Settings":
+        config = dict(config or {})
+        known = set(cls.__dataclass_fields__)
+        unknown = set(config) - known
+        if unknown:
+            raise ValueError(f"unknown groundkit plugin settings: {', '.join(sorted(unknown))}")
+        for key in ("index_dir", "base_dir"):
+            if config.get(key) is not None:
+                config[key] = Path(config[key])
+        return cls(**config)
+
+
+class Registry:
+    """Open collections keyed by Datasette database name, reopened when a new version is published."""
+
+    def __init__(self, datasette, settings: Settings):
+        self.datasette = datasette
+        self.settings = settings
+        self._open: dict[str, Collection] = {}
+        self._lock = asyncio.Lock()
+        self._embedder = None
+        self._reranker = None
+        self._models_loaded = False
+
+    def _models(self):
+        if not self._models_loaded:
+            s = self.settings
+            if s.embedder:
+                from .embedders import get_embedder
+
+                self._embedder = get_embedder(s.embedder, **(s.embedder_options or {}))
+            if s.reranker:
+                from .rerankers import get_reranker
+
+                self._reranker = get_reranker(s.reranker, **(s.reranker_options or {}))
+            self._models_loaded = True
+        return self._embedder, self._reranker
+
+    @property
+    def reranker_configured(self) -> bool:
+        return bool(self.settings.reranker)
+
+    def database_path(self, name: str) -> Path | None:
+        db = self.datasette.databases.get(name)
+        if db is None or not getattr(db, "path", None):
+            return None
+        path = Path(db.path)
+        return path if is_collection_file(path) else None
+
+    def candidate_names(self) -> list[str]:
+        from .names import NAME_PATTERN
+
+        return [
+            name
+            for name in self.datasette.databases
+            if NAME_PATTERN.fullmatch(name) and self.database_path(name) is not None
+        ]
+
+    async def allowed(self, actor, name: str) -> bool:
+        ds = self.datasette
+        if not await ds.permission_allowed(actor, "view-instance", default=True):
+            return False
+        return await ds.permission_allowed(actor, "view-database", resource=name, default=True)
+
+    async def get(self, name: str, actor) -> Collection:
+        validate_name(name)  # before any lookup: a traversal probe learns nothing
+        path = self.database_path(name)
+        if path is None or not await self.allowed(actor, name):
+            raise E.CollectionNotFound(f"collection '{name}' not found")
+        col = self._open.get(name)
+        if col is not None and col.path == path and col.is_current():
+            return col
+        async with self._lock:
+            col = self._open.get(name)
+            if col is None or col.path != path or not col.is_current():
+                embedder, reranker = await asyncio.to_thread(self._models)
+                col = await asyncio.to_thread(
+                    Collection, path, name, base_dir=self.settings.base_dir,
+                    embedder=embedder, reranker=reranker,
+                )
+                self._open[name] = col  # the old object closes when the last request drops it
+        return col
+
+    async def visible(self, actor) -> list[str]:
+        return [n for n in sorted(self.candidate_names()) if await self.allowed(actor, n)]
+
+
+class ToolContext:
+    """One call of one tool, on any surface."""
+
+    def __init__(self, registry: Registry, actor, surface: str, request_id: str | None = None):
+        self.registry = registry
+        self.actor = actor
+        self.surface = surface
+        self.request_id = request_id or uuid.uuid4().hex
+        self.datasette = registry.datasette
+
+    async def collection(self, name: str) -> Collection:
+        return await self.registry.get(name, self.actor)
+
+    def scoped(self, collection: Collection) -> Collection:
+        return collection
+
+    async def visible_collections(self) -> list[str]:
+        return await self.registry.visible(self.actor)
+
+    async def run(self, fn, *args):
+        return await asyncio.to_thread(fn, *args)
+
+
+def result_count(response) -> int | None:
+    for attr in ("hits", "collections"):
+        value = getattr(response, attr, None)
+        if value is not None:
+            return len(value)
+    return 1 if response is not None else None
+
+
+async def call_tool(tool, ctx: ToolContext, collection: str | None, arguments: dict):
+    """Validate, run and log one call; returns ``(response model | None, ErrorInfo | None)``."""
+    started = time.perf_counter()
+    response, error = None, None
+    try:
+        if tool.scope == "collection":
+            validate_name(collection)
+        request = tool.request_model.model_validate(arguments)
+        response = await tool.handler(ctx, collection, request)
+    except Exception as exc:  # mapped below; the full exception goes only to the server log
+        error = map_exception(exc)
+        if error.status >= 500:
+            log.error("request %s: %s failed", ctx.request_id, tool.name, exc_info=exc)
+        else:
+            log.debug("request %s: %s refused: %s", ctx.request_id, tool.name, type(exc).__name__)
+    elapsed = (time.perf_counter() - started) * 1000
+    access_log.info(
+        "request_id=%s surface=%s tool=%s status=%s latency_ms=%.1f results=%s",
+        ctx.request_id, ctx.surface, tool.name, error.status if error else 200, elapsed,
+        result_count(response) if error is None else 0,
+    )
+    return response, error

@@ -1,0 +1,422 @@
+"""MCP over stdio (a real ``groundkit mcp`` subprocess) and streamable HTTP (a real uvicorn
+server): the same tools, schemas, results and errors as the JSON API, and nothing written."""
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+import httpx
+import httpx2
+import pytest
+import uvicorn
+from datasette.app import Datasette
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel, ConfigDict
+
+from groundkit_datasette import plugins as gk_plugins
+from groundkit_datasette.hookspecs import hookimpl
+from groundkit_datasette.ingest import ingest
+from groundkit_datasette.mcp_server import STATUS_META_KEY, input_schema, output_schema
+from groundkit_datasette.models import MAX_QUERY_CHARS, MAX_TOP_K
+from groundkit_datasette.tools import Tool, all_tools
+
+from .conftest import snapshot, write_corpus
+
+SECRET = "groundkit-test-secret"
+METADATA = {"databases": {"private": {"allow": {"id": "root"}}}}
+VOLATILE = ("timings_ms", "request_id")
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """Two real BM25 collections: ``energy`` (public) and ``private`` (actor root only)."""
+    root = tmp_path_factory.mktemp("mcp")
+    corpus = write_corpus(root / "corpus")
+    index_dir = root / "index"
+    for name in ("energy", "private"):
+        ingest([corpus], collection=name, index_dir=index_dir, embedder="none")
+    metadata_file = root / "metadata.yml"
+    metadata_file.write_text(
+        "databases:\n  private:\n    allow:\n      id: root\n", encoding="utf-8"
+    )
+    return {"corpus": corpus, "index_dir": index_dir, "metadata_file": metadata_file,
+            "before": snapshot(index_dir)}
+
+
+def drop_volatile(value):
+    if isinstance(value, dict):
+        return {k: drop_volatile(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [drop_volatile(v) for v in value]
+    return value
+
+
+def json_ds(built, **extra) -> Datasette:
+    """The JSON API configured like ``groundkit mcp --index-dir --base-dir --metadata``."""
+    config = {"index_dir": str(built["index_dir"]), "base_dir": str(built["corpus"])}
+    return Datasette(files=[], metadata={**METADATA, "plugins": {"groundkit": config}}, **extra)
+
+
+async def json_call(client, tool_name, arguments):
+    """Call one tool through the JSON API (``client`` is ``ds.client`` or an httpx client)."""
+    tool = {t.name: t for t in all_tools()}[tool_name]
+    arguments = dict(arguments)
+    params = {"collection": arguments.pop("collection", None)}
+    for p in tool.path_params:
+        params[p] = arguments.pop(p)
+    # Percent-encoded, or the client would resolve "../x" before sending it.
+    path = tool.path(**{k: quote(str(v), safe="") for k, v in params.items()})
+    if tool.method == "POST":
+        r = await client.post(path, content=json.dumps(arguments),
+                              headers={"content-type": "application/json"})
+    else:
+        assert not arguments
+        r = await client.get(path)
+    return r.status_code, r.json()
+
+
+def mcp_body(result):
+    """(status, structured content) of an MCP tool result, in the JSON API's terms."""
+    if result.is_error:
+        return result.meta[STATUS_META_KEY], result.structured_content
+    return 200, result.structured_content
+
+
+SUCCESS_CALLS = [
+    ("list_collections", {}),
+    ("index_status", {"collection": "energy"}),
+    ("search", {"collection": "energy", "query": "How do batteries store energy?", "top_k": 3}),
+    ("search", {"collection": "energy", "query": "turbines", "source": "notes/*"}),
+]
+
+ERROR_CALLS = [
+    # (tool, arguments, JSON status, error kind)
+    ("search", {"collection": "nope", "query": "x"}, 404, "collection_not_found"),
+    ("search", {"collection": "../x", "query": "x"}, 400, "invalid_collection_name"),
+    ("index_status", {"collection": "../x"}, 400, "invalid_collection_name"),
+    ("search", {"collection": "energy", "query": "x", "top_k": MAX_TOP_K + 1}, 422, "malformed_request"),
+    ("search", {"collection": "energy", "query": ""}, 422, "malformed_request"),
+    ("search", {"collection": "energy", "query": "x", "secret_field": 1}, 422, "malformed_request"),
+    ("fetch_chunk", {"collection": "energy", "chunk_id": "c_000000000000000000000000"}, 404,
+     "chunk_not_found"),
+    ("fetch_chunk", {"collection": "energy", "chunk_id": "not-a-chunk"}, 422, "malformed_request"),
+    # Permissions as for the JSON API: anonymous callers cannot see ``private``.
+    ("index_status", {"collection": "private"}, 404, "collection_not_found"),
+]
+
+
+async def check_tools_listed(client, expected_tools):
+    listed = {t.name: t for t in (await client.list_tools()).tools}
+    assert set(listed) == {t.name for t in expected_tools}
+    for tool in expected_tools:
+        mcp_tool = listed[tool.name]
+        assert mcp_tool.description == tool.summary
+        assert mcp_tool.input_schema == input_schema(tool)
+        assert mcp_tool.input_schema["additionalProperties"] is False
+        assert mcp_tool.output_schema == output_schema(tool)
+        required = mcp_tool.input_schema.get("required", [])
+        props = mcp_tool.input_schema["properties"]
+        if tool.scope == "collection":
+            assert "collection" in required and props["collection"]["type"] == "string"
+        else:
+            assert "collection" not in props
+        a = mcp_tool.annotations
+        assert (a.read_only_hint, a.destructive_hint, a.idempotent_hint, a.open_world_hint) == (
+            True, False, True, False)
+    search = listed["search"].input_schema
+    assert search["properties"]["query"]["maxLength"] == MAX_QUERY_CHARS
+    assert search["properties"]["top_k"]["maximum"] == MAX_TOP_K
+    assert set(search["required"]) == {"query", "collection"}
+    assert listed["fetch_chunk"].input_schema["properties"]["chunk_id"]["pattern"]
+    return listed
+
+
+async def check_parity(client, json_client, *, private_visible=False):
+    """Every success and error call answers over MCP what the JSON API answers."""
+    for name, arguments in SUCCESS_CALLS:
+        result = await client.call_tool(name, arguments)
+        status, body = await json_call(json_client, name, arguments)
+        assert status == 200 and not result.is_error, (name, body)
+        assert drop_volatile(result.structured_content) == drop_volatile(body)
+        assert result.content[0].type == "text" and result.content[0].text
+
+    collections = (await client.call_tool("list_collections", {})).structured_content
+    assert collections == {"collections": ["energy", "private"] if private_visible else ["energy"]}
+
+    hits = (await client.call_tool("search", {"collection": "energy", "query": "batteries"}))
+    first = hits.structured_content["hits"][0]
+    assert first["source"] == "solar.md"
+    text = hits.content[0].text
+    assert f"solar.md:{first['line_start']}-{first['line_end']}" in text and first["chunk_id"] in text
+
+    arguments = {"collection": "energy", "chunk_id": first["chunk_id"]}
+    result = await client.call_tool("fetch_chunk", arguments)
+    status, body = await json_call(json_client, "fetch_chunk", arguments)
+    assert status == 200 and body["verification"]["status"] == "verified"
+    assert drop_volatile(result.structured_content) == drop_volatile(body)
+
+    for name, arguments, expected_status, kind in ERROR_CALLS:
+        if private_visible and arguments.get("collection") == "private":
+            continue
+        result = await client.call_tool(name, arguments)
+        status, body = await json_call(json_client, name, arguments)
+        assert (status, body["error"]) == (expected_status, kind), (name, arguments, body)
+        assert result.is_error, (name, arguments)
+        mcp_status, mcp_error = mcp_body(result)
+        assert mcp_status == status
+        assert drop_volatile(mcp_error) == drop_volatile(body)
+        assert set(mcp_error) == {"ok", "error", "detail", "request_id"}
+        assert json.loads(result.content[0].text) == mcp_error
+
+    with pytest.raises(MCPError, match="unknown tool"):
+        await client.call_tool("no_such_tool", {})
+
+    # Only MCP can omit the collection: refused through the same validation wording.
+    result = await client.call_tool("search", {"query": "x"})
+    assert result.is_error and mcp_body(result)[0] == 422
+    assert result.structured_content["error"] == "malformed_request"
+    assert "collection" in result.structured_content["detail"]
+
+
+# -- stdio ----------------------------------------------------------------------
+
+
+def cli_args(built, *extra):
+    return ["-m", "groundkit_datasette.cli", "-v", "mcp", "--index-dir", str(built["index_dir"]),
+            "--base-dir", str(built["corpus"]), "--metadata", str(built["metadata_file"]), *extra]
+
+
+def stdio(built, errlog):
+    """The SDK's stdio client transport, spawning ``groundkit mcp`` as a real subprocess."""
+    params = StdioServerParameters(command=sys.executable, args=cli_args(built))
+    return stdio_client(params, errlog=errlog)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])  # initialize handshake, then 2026 discover
+async def test_stdio_tools_results_and_errors_match_the_json_api(built, tmp_path, mode):
+    ds = json_ds(built)
+    await ds.invoke_startup()
+    with open(tmp_path / "stderr.txt", "w") as errlog:
+        async with Client(stdio(built, errlog), mode=mode, read_timeout_seconds=60) as client:
+            await check_tools_listed(client, all_tools())
+            await check_parity(client, ds.client)
+    assert "surface=mcp-stdio tool=search status=200" in (tmp_path / "stderr.txt").read_text()
+    assert snapshot(built["index_dir"]) == built["before"]
+
+
+def _read_line(proc, timeout=60.0) -> bytes:
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, "no reply from the stdio server"
+    return proc.stdout.readline()
+
+
+def test_stdio_stdout_carries_only_json_rpc(built, tmp_path):
+    """Stray prints and fd-1 writes inside a tool call go to stderr, with the logs."""
+    noisy = (
+        "import os, sys\n"
+        "import groundkit_datasette.service as service\n"
+        "real = service.call_tool\n"
+        "async def noisy(*args, **kwargs):\n"
+        "    print('STRAY PRINT')\n"
+        "    sys.stdout.flush()\n"
+        "    os.write(1, b'STRAY FD WRITE\\n')\n"
+        "    return await real(*args, **kwargs)\n"
+        "service.call_tool = noisy\n"
+        "from groundkit_datasette.cli import cli\n"
+        f"cli({cli_args(built)[2:]!r})\n"
+    )
+    with open(tmp_path / "err.txt", "wb") as err:
+        # Unbuffered, so select() sees every byte readline() has not consumed yet.
+        proc = subprocess.Popen([sys.executable, "-c", noisy], bufsize=0, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        def send(message):
+            proc.stdin.write((json.dumps(message) + "\n").encode())
+
+        lines = []
+        send({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                         "clientInfo": {"name": "raw", "version": "0"}}})
+        lines.append(_read_line(proc))
+        send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+        lines.append(_read_line(proc))
+        send({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+              "params": {"name": "search", "arguments": {"collection": "energy", "query": "wind"}}})
+        lines.append(_read_line(proc))
+        send({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+              "params": {"name": "search", "arguments": {"collection": "../x", "query": "wind"}}})
+        lines.append(_read_line(proc))
+        rest, _ = proc.communicate(timeout=60)  # closes stdin: the server exits
+        lines += rest.splitlines(keepends=True)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0
+    messages = [json.loads(line) for line in lines if line.strip()]
+    assert all(m["jsonrpc"] == "2.0" for m in messages)
+    assert [m.get("id") for m in messages] == [1, 2, 3, 4]
+    assert messages[2]["result"]["structuredContent"]["hits"][0]["source"] == "notes/wind.txt"
+    assert messages[3]["result"]["isError"] is True
+    stderr = (tmp_path / "err.txt").read_text()
+    assert "STRAY PRINT" in stderr and "STRAY FD WRITE" in stderr
+    assert "surface=mcp-stdio tool=search status=200" in stderr
+    assert snapshot(built["index_dir"]) == built["before"]
+
+
+# -- streamable HTTP ------------------------------------------------------------
+
+
+class Served:
+    """A real uvicorn server on 127.0.0.1 in a background thread."""
+
+    def __init__(self, app):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+
+    def stop(self):
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive()
+
+
+def http_ds(built):
+    return Datasette(
+        files=[],
+        immutables=[str(built["index_dir"] / "energy.sqlite3"), str(built["index_dir"] / "private.sqlite3")],
+        metadata={**METADATA, "plugins": {"groundkit": {"base_dir": str(built["corpus"])}}},
+        secret=SECRET,
+    )
+
+
+@pytest.fixture(scope="module")
+def served(built):
+    ds = http_ds(built)
+    server = Served(ds.app())
+    yield server, ds
+    server.stop()
+
+
+def root_cookie(ds):
+    return {"ds_actor": ds.sign({"a": {"id": "root"}}, "actor")}
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_http_tools_results_and_errors_match_the_json_api(served, mode):
+    server, _ds = served
+    async with httpx.AsyncClient(base_url=server.url) as json_client:
+        async with Client(server.url + "/-/groundkit/mcp", mode=mode, read_timeout_seconds=60) as client:
+            await check_tools_listed(client, all_tools())
+            await check_parity(client, json_client)
+
+
+async def test_http_tool_calls_run_as_the_requests_datasette_actor(served, built):
+    server, ds = served
+    cookies = root_cookie(ds)
+    async with httpx.AsyncClient(base_url=server.url, cookies=cookies) as json_client, \
+            httpx2.AsyncClient(cookies=cookies, timeout=60) as http_client:
+        transport = streamable_http_client(server.url + "/-/groundkit/mcp", http_client=http_client)
+        async with Client(transport, mode="legacy") as client:
+            await check_parity(client, json_client, private_visible=True)
+            arguments = {"collection": "private", "query": "batteries"}
+            result = await client.call_tool("search", arguments)
+            status, body = await json_call(json_client, "search", arguments)
+            assert status == 200 and not result.is_error
+            assert drop_volatile(result.structured_content) == drop_volatile(body)
+    assert snapshot(built["index_dir"]) == built["before"]
+
+
+class ExplodeRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ExplodeResponse(BaseModel):
+    ok: bool
+
+
+async def _explode(ctx, collection, request):
+    try:
+        raise ValueError("SENTINEL-123 /etc/secret")
+    except ValueError as exc:
+        raise RuntimeError("boom") from exc
+
+
+class ExplodingPlugin:
+    TOOL = Tool(name="explode", summary="Always fails.", request_model=ExplodeRequest,
+                response_model=ExplodeResponse, handler=_explode, scope="instance",
+                json_route="/-/groundkit/explode.json")
+
+    @hookimpl
+    def register_tools(self, register):
+        register(self.TOOL)
+
+
+@pytest.fixture
+def exploding_server(built):
+    plugin = ExplodingPlugin()
+    gk_plugins.pm.register(plugin, name="mcp-test-explode")
+    try:
+        ds = http_ds(built)
+        server = Served(ds.app())
+        try:
+            yield server
+        finally:
+            server.stop()
+    finally:
+        gk_plugins.pm.unregister(name="mcp-test-explode")
+
+
+async def test_internal_errors_never_reach_the_client(exploding_server):
+    server = exploding_server
+    async with Client(server.url + "/-/groundkit/mcp", mode="legacy") as client:
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert names == {t.name for t in all_tools()} and "explode" in names
+        result = await client.call_tool("explode", {})
+    async with httpx.AsyncClient(base_url=server.url) as json_client:
+        r = await json_client.get("/-/groundkit/explode.json")
+    assert result.is_error and result.structured_content["error"] == "internal_error"
+    assert r.status_code == 500 and r.json()["error"] == "internal_error"
+    assert drop_volatile(result.structured_content) == drop_volatile(r.json())
+    wire = result.model_dump_json(by_alias=True) + r.text
+    for leak in ("SENTINEL", "boom", "Traceback", "/etc/secret", "RuntimeError", "ValueError"):
+        assert leak not in wire
+
+
+async def test_mcp_never_writes_to_the_index_dir(served, built, tmp_path):
+    """Successful and failing calls on both transports leave every file as it was."""
+    server, _ds = served
+    before = snapshot(built["index_dir"])
+    assert before == built["before"]
+    calls = SUCCESS_CALLS + [(n, a) for n, a, _s, _k in ERROR_CALLS]
+    async with Client(server.url + "/-/groundkit/mcp", mode="legacy") as client:
+        for name, arguments in calls:
+            await client.call_tool(name, arguments)
+    with open(tmp_path / "stderr.txt", "w") as errlog:
+        async with Client(stdio(built, errlog), mode="legacy", read_timeout_seconds=60) as client:
+            for name, arguments in calls:
+                await client.call_tool(name, arguments)
+    assert snapshot(built["index_dir"]) == before
+    assert set(os.listdir(built["index_dir"])) == {Path(p).parts[0] for p in before}

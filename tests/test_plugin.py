@@ -1,0 +1,293 @@
+import json
+import logging
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+from datasette.app import Datasette
+
+from groundkit_datasette import plugins as gk_plugins
+from groundkit_datasette.ingest import ingest
+from groundkit_datasette.plugin import MCP_ROUTE, routes_for
+from groundkit_datasette.tools import Tool, all_tools
+
+from .conftest import snapshot, write_corpus
+
+sys.path.insert(0, str(Path(__file__).parent / "plugins"))
+import word_count  # noqa: E402  (a test plugin adding a tool through our hook)
+
+
+@pytest.fixture
+def collection(corpus, index_dir):
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    return index_dir / "energy.sqlite3"
+
+
+def make_ds(collection_path, corpus, **plugin_config):
+    config = {"base_dir": str(corpus), **plugin_config}
+    return Datasette(
+        files=[], immutables=[str(collection_path)], metadata={"plugins": {"groundkit": config}}
+    )
+
+
+@pytest.fixture
+def ds(collection, corpus):
+    return make_ds(collection, corpus)
+
+
+async def post_json(ds, path, body, **kwargs):
+    return await ds.client.post(
+        path, content=json.dumps(body), headers={"content-type": "application/json"}, **kwargs
+    )
+
+
+async def test_collections_status_search_and_fetch_over_json(ds):
+    r = await ds.client.get("/-/groundkit/collections.json")
+    assert r.status_code == 200 and r.json() == {"collections": ["energy"]}
+    assert r.headers["x-request-id"]
+
+    r = await ds.client.get("/energy/-/groundkit/status.json")
+    status = r.json()
+    assert r.status_code == 200 and status["documents"] == 4 and status["dense_available"] is False
+
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "batteries", "top_k": 3})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["mode"] == "bm25" and body["hits"][0]["source"] == "solar.md"
+    chunk_id = body["hits"][0]["chunk_id"]
+
+    r = await ds.client.get(f"/energy/-/groundkit/chunks/{chunk_id}.json")
+    assert r.status_code == 200
+    assert r.json()["verification"]["status"] == "verified"
+    assert r.json()["chunk"]["content"] == body["hits"][0]["content"]
+
+
+@pytest.mark.parametrize(
+    "method,path,body,status,kind",
+    [
+        ("GET", "/nope/-/groundkit/status.json", None, 404, "collection_not_found"),
+        ("GET", "/..%2Fenergy/-/groundkit/status.json", None, 400, "invalid_collection_name"),
+        ("GET", "/a.b/-/groundkit/status.json", None, 400, "invalid_collection_name"),
+        ("GET", "/energy/-/groundkit/chunks/c_000000000000000000000000.json", None, 404,
+         "chunk_not_found"),
+        ("GET", "/energy/-/groundkit/chunks/not-a-chunk.json", None, 422, "malformed_request"),
+        ("POST", "/energy/-/groundkit/search.json", "not json", 422, "malformed_request"),
+        ("POST", "/energy/-/groundkit/search.json", "[1, 2]", 422, "malformed_request"),
+        ("POST", "/energy/-/groundkit/search.json", {"query": "x", "secret_field": 1}, 422,
+         "malformed_request"),
+        ("POST", "/energy/-/groundkit/search.json", {"query": "x", "top_k": 51}, 422,
+         "malformed_request"),
+        ("POST", "/energy/-/groundkit/search.json", {"query": "x", "mode": "dense"}, 400,
+         "dense_unavailable"),
+        ("POST", "/energy/-/groundkit/search.json", {"query": "x", "rerank": True}, 501,
+         "rerank_not_configured"),
+        ("GET", "/energy/-/groundkit/search.json", None, 405, "method_not_allowed"),
+    ],
+)
+async def test_errors_have_one_shape_and_the_right_status(ds, method, path, body, status, kind):
+    if method == "GET":
+        r = await ds.client.get(path)
+    else:
+        content = body if isinstance(body, str) else json.dumps(body)
+        r = await ds.client.post(path, content=content, headers={"content-type": "application/json"})
+    assert r.status_code == status, r.text
+    data = r.json()
+    assert set(data) == {"ok", "error", "detail", "request_id"}
+    assert data["ok"] is False and data["error"] == kind
+    assert data["request_id"] == r.headers["x-request-id"]
+    assert "secret_field" not in r.text and "Traceback" not in r.text
+    assert "/tmp" not in r.text
+
+
+async def test_body_limits_by_header_and_by_bytes(ds):
+    big = json.dumps({"query": "x" * (300 * 1024)})
+    r = await ds.client.post("/energy/-/groundkit/search.json", content=big,
+                             headers={"content-type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+
+    async def stream():  # no Content-Length: counted as the bytes arrive
+        for _ in range(300):
+            yield b" " * 1024
+
+    r = await ds.client.post("/energy/-/groundkit/search.json", content=stream(),
+                             headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+
+async def test_internal_errors_never_leak_their_cause(ds, collection, corpus):
+    class Boom:
+        @staticmethod
+        @gk_plugins.hookspecs.hookimpl
+        def register_tools(register):
+            async def explode(ctx, collection, request):
+                try:
+                    raise ValueError("SENTINEL-7f3a /etc/shadow")
+                except ValueError as inner:
+                    raise RuntimeError("boom SENTINEL-7f3a") from inner
+
+            register(Tool(name="explode", summary="Always fails.", request_model=word_count.WordCountRequest,
+                          response_model=word_count.WordCountResponse, handler=explode,
+                          scope="collection", method="POST",
+                          json_route="/{collection}/-/groundkit/explode.json"))
+
+    gk_plugins.pm.register(Boom, name="boom")
+    try:
+        fresh = make_ds(collection, corpus)
+        r = await post_json(fresh, "/energy/-/groundkit/explode.json", {"word": "x"})
+    finally:
+        gk_plugins.pm.unregister(name="boom")
+    assert r.status_code == 500
+    assert r.json()["error"] == "internal_error" and r.json()["detail"] == "internal error"
+    assert "SENTINEL" not in r.text and "boom" not in r.text and "shadow" not in r.text
+
+
+def registered_patterns(ds):
+    from datasette.plugins import pm as ds_pm
+
+    patterns = []
+    for plugin_routes in ds_pm.hook.register_routes(datasette=ds):
+        patterns += [p if isinstance(p, str) else p.pattern for p, _ in plugin_routes or []]
+    return patterns
+
+
+def expected_patterns(tools):
+    out = []
+    for t in tools:
+        out.append(Tool.route_regex(t.json_route))
+        if t.html_route:
+            out.append(Tool.route_regex(t.html_route))
+    return out + ["^" + MCP_ROUTE + "$"]
+
+
+async def test_routes_served_equal_the_tool_table(ds):
+    tools = all_tools()
+    assert [t.name for t in tools] == ["list_collections", "index_status", "search", "fetch_chunk"]
+    assert sorted(registered_patterns(ds)) == sorted(expected_patterns(tools))
+    # And the running app answers every one of them.
+    r = await ds.client.get("/energy/-/groundkit/status.json")
+    chunk = (await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind"})).json()
+    chunk_id = chunk["hits"][0]["chunk_id"]
+    for tool in tools:
+        params = {"collection": "energy", "chunk_id": chunk_id}
+        json_path = tool.path(**params)
+        if tool.method == "POST":
+            r = await post_json(ds, json_path, {"query": "wind"})
+        else:
+            r = await ds.client.get(json_path)
+        assert r.status_code == 200, (tool.name, r.text)
+        html = await ds.client.get(tool.path_for_html(**params))
+        assert html.status_code == 200 and "<html" in html.text.lower()
+
+
+async def test_a_route_outside_the_table_fails_the_parity_check(ds):
+    extra = routes_for(all_tools()) + [("^/-/groundkit/sneaky.json$", None)]
+    assert sorted(p for p, _ in extra) != sorted(expected_patterns(all_tools()))
+
+
+async def test_plugin_tools_land_in_the_table_and_the_json_api(collection, corpus):
+    gk_plugins.pm.register(word_count, name="word_count")
+    try:
+        names = [t.name for t in all_tools()]
+        assert "word_count" in names
+        ds = make_ds(collection, corpus)
+        assert Tool.route_regex(word_count.TOOL.json_route) in registered_patterns(ds)
+        r = await post_json(ds, "/energy/-/groundkit/word-count.json", {"word": "turbines"})
+        assert r.status_code == 200 and r.json()["chunks"] == 2
+    finally:
+        gk_plugins.pm.unregister(name="word_count")
+    assert "word_count" not in [t.name for t in all_tools()]
+
+
+def test_the_table_refuses_a_tool_that_is_not_read_only():
+    with pytest.raises(ValueError, match="read-only"):
+        Tool(name="delete_all", summary="x", request_model=word_count.WordCountRequest,
+             response_model=word_count.WordCountResponse, handler=None, scope="instance",
+             json_route="/-/groundkit/delete.json", read_only=False)
+
+
+async def test_csrf_json_posts_work_with_and_without_cookies_but_forms_are_still_protected(ds):
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind"})
+    assert r.status_code == 200
+    r = await ds.client.post("/energy/-/groundkit/search.json", content=json.dumps({"query": "wind"}),
+                             headers={"content-type": "application/json"},
+                             cookies={"ds_actor": "x", "ds_csrftoken": "abc"})
+    assert r.status_code == 200
+    r = await ds.client.post("/energy/-/groundkit/search.json", data={"query": "wind"},
+                             cookies={"ds_csrftoken": "abc"})
+    assert r.status_code == 403  # Datasette's CSRF protection still applies to form posts
+
+
+async def test_every_operation_is_read_only_through_the_json_api(ds, collection):
+    index_dir = collection.parent
+    before = snapshot(index_dir)
+    names_before = sorted(p.name for p in index_dir.iterdir())
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "sun"})
+    chunk_id = r.json()["hits"][0]["chunk_id"]
+    for path in ("/-/groundkit/collections.json", "/energy/-/groundkit/status.json",
+                 f"/energy/-/groundkit/chunks/{chunk_id}.json", "/missing/-/groundkit/status.json",
+                 "/..%2F..%2Fetc/-/groundkit/status.json", "/-/groundkit", "/energy/-/groundkit",
+                 f"/energy/-/groundkit/chunks/{chunk_id}", "/energy/-/groundkit/search?q=sun"):
+        await ds.client.get(path)
+    await post_json(ds, "/energy/-/groundkit/search.json", {"query": "x", "rerank": True})
+    await post_json(ds, "/missing/-/groundkit/search.json", {"query": "x"})
+    assert snapshot(index_dir) == before
+    assert sorted(p.name for p in index_dir.iterdir()) == names_before
+    assert not (index_dir / "missing.sqlite3").exists()
+
+
+async def test_positional_mutable_database_is_still_only_read(collection, corpus):
+    before = snapshot(collection.parent)
+    ds = Datasette(files=[str(collection)], metadata={"plugins": {"groundkit": {"base_dir": str(corpus)}}})
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind"})
+    assert r.status_code == 200 and r.json()["hits"]
+    assert snapshot(collection.parent) == before
+
+
+async def test_index_dir_setting_attaches_collections_immutably(collection, corpus):
+    ds = Datasette(files=[], metadata={"plugins": {"groundkit": {
+        "index_dir": str(collection.parent), "base_dir": str(corpus)}}})
+    await ds.invoke_startup()
+    assert "energy" in ds.databases and not ds.databases["energy"].is_mutable
+    r = await ds.client.get("/-/groundkit/collections.json")
+    assert r.json() == {"collections": ["energy"]}
+
+
+async def test_unknown_plugin_setting_fails_startup(collection):
+    ds = Datasette(files=[], metadata={"plugins": {"groundkit": {"index_dri": "."}}})
+    with pytest.raises(ValueError, match="index_dri"):
+        await ds.invoke_startup()
+
+
+async def test_a_new_publish_is_served_on_the_next_request(ds, corpus, collection):
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "geothermal"})
+    assert r.json()["hits"] == [] and r.json()["generation"] == 1
+    (corpus / "geo.md").write_text("# Geothermal\n\nHeat from deep rock warms homes.\n")
+    ingest([corpus], collection="energy", index_dir=collection.parent, embedder="none")
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "geothermal"})
+    assert r.json()["generation"] == 2 and r.json()["hits"][0]["source"] == "geo.md"
+
+
+async def test_forbidden_collection_looks_missing(collection, corpus):
+    ds = Datasette(files=[], immutables=[str(collection)], metadata={
+        "databases": {"energy": {"allow": {"id": "alice"}}},
+        "plugins": {"groundkit": {"base_dir": str(corpus)}},
+    })
+    missing = await ds.client.get("/nope/-/groundkit/status.json")
+    forbidden = await ds.client.get("/energy/-/groundkit/status.json")
+    assert forbidden.status_code == missing.status_code == 404
+    assert forbidden.json()["error"] == missing.json()["error"]
+    assert (await ds.client.get("/-/groundkit/collections.json")).json() == {"collections": []}
+    cookies = {"ds_actor": ds.sign({"a": {"id": "alice"}}, "actor")}
+    allowed = await ds.client.get("/energy/-/groundkit/status.json", cookies=cookies)
+    assert allowed.status_code == 200
+
+
+async def test_access_log_has_one_line_per_call_and_never_the_query(ds, caplog):
+    caplog.set_level(logging.DEBUG, logger="groundkit")
+    await post_json(ds, "/energy/-/groundkit/search.json", {"query": "zeppelin-secret-topic"})
+    lines = [r for r in caplog.records if r.name == "groundkit.access"]
+    assert len(lines) == 1
+    message = lines[0].getMessage()
+    assert "tool=search" in message and "status=200" in message and "request_id=" in message
+    assert all("zeppelin" not in r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
