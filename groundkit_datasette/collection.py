@@ -213,7 +213,7 @@ class Collection:
             embedding=embedding,
             dense_available=dense,
             dense_unavailable_reason=reason,
-            ann_index=self.manifest.get("ann_index"),
+            ann_index=self.manifest.get("ann_index") or None,
             chunker=chunker,
             bm25_terms=terms,
         )

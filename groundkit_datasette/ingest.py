@@ -154,6 +154,7 @@ class Indexer:
         chunk_overlap: int = DEFAULT_CHUNK_OVERLAP,
         exclude: Iterable[str] = (),
         progress: Callable[[dict], None] | None = None,
+        ann_threshold: int | None = None,
     ):
         self.name = validate_name(name)
         self.index_dir = Path(index_dir)
@@ -168,6 +169,7 @@ class Indexer:
         self.chunk_overlap = chunk_overlap
         self.exclude = tuple(DEFAULT_EXCLUDES) + tuple(exclude)
         self.progress = progress or (lambda event: None)
+        self.ann_threshold = ann_threshold
 
     # -- paths and files ---------------------------------------------------
 
@@ -358,7 +360,9 @@ class Indexer:
         vectors = None
         if embedder is not None:
             vectors = VectorWriter(lance_path(self.index_dir, self.name), embedder.dimensions,
-                                   manifest.get("lance_version"))
+                                   manifest.get("lance_version"),
+                                   **({"ann_threshold": self.ann_threshold}
+                                      if self.ann_threshold is not None else {}))
         existing = {
             row[0]: row[1:]
             for row in conn.execute(
@@ -570,10 +574,10 @@ class Indexer:
         bm25.rebuild_postings(conn)
         if vectors is not None:
             version = vectors.commit()
-            conn.execute(
-                "INSERT INTO groundkit_manifest(key, value) VALUES ('lance_version', ?) "
+            conn.executemany(
+                "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (str(version),),
+                [("lance_version", str(version)), ("ann_index", vectors.ann_index or "")],
             )
         conn.execute("COMMIT")
         # Immutable readers ignore WAL content: leave a plain rollback-journal file.

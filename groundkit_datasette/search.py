@@ -16,6 +16,7 @@ from .errors import (
     RerankNotConfigured,
     RerankerError,
 )
+from .vectors import ANN_EF, ANN_REFINE
 from .models import MAX_TOP_K, ComponentScore, Hit, SearchRequest, SearchResponse
 
 # Candidates taken from each list before reciprocal rank fusion.
@@ -120,9 +121,7 @@ def _dense_ranked(collection, vector, depth, allowed):
     q = table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
     q = q.distance_type("cosine").limit(depth).select(["chunk_id"])
     if collection.manifest.get("ann_index"):
-        q = q.nprobes(int(collection.manifest.get("ann_nprobes", "20"))).refine_factor(
-            int(collection.manifest.get("ann_refine", "5"))
-        )
+        q = q.ef(ANN_EF).refine_factor(ANN_REFINE)
     if allowed is not None:
         if not allowed[1]:
             return []

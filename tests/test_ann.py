@@ -1,0 +1,84 @@
+import hashlib
+
+import numpy as np
+import pytest
+
+from groundkit_datasette import plugins as gk_plugins
+from groundkit_datasette.collection import Collection
+from groundkit_datasette.hookspecs import hookimpl
+from groundkit_datasette.ingest import ingest
+from groundkit_datasette.vectors import ANN_INDEX
+
+DIMS = 64
+CENTERS = np.random.default_rng(7).normal(size=(40, DIMS)).astype(np.float32)
+
+
+class ClusteredEmbedder:
+    """A real embedder plugin with deterministic clustered vectors: many vectors, no model needed."""
+
+    provider, model_name, dimensions = "test", "clustered-64", DIMS
+
+    def embed(self, texts):
+        out = []
+        for t in texts:
+            seed = int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little")
+            rng = np.random.default_rng(seed)
+            topic = seed % len(CENTERS)
+            v = CENTERS[topic] + 0.7 * rng.normal(size=DIMS).astype(np.float32)
+            out.append(v / np.linalg.norm(v))
+        return np.array(out, dtype=np.float32).reshape(len(texts), DIMS)
+
+    def embed_query(self, text):
+        return self.embed([text])[0]
+
+
+class Plugin:
+    @staticmethod
+    @hookimpl
+    def register_embedders(register):
+        register("clustered", lambda **o: ClusteredEmbedder())
+
+
+@pytest.fixture
+def clustered():
+    gk_plugins.pm.register(Plugin, name="clustered-test")
+    yield
+    gk_plugins.pm.unregister(name="clustered-test")
+
+
+def test_ann_index_is_used_past_the_threshold_with_recall_over_095(tmp_path, clustered):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    for f in range(30):
+        (corpus / f"f{f}.txt").write_text(
+            "\n\n".join(f"record {f}-{i} of batch {f}" for i in range(200))
+        )
+    index_dir = tmp_path / "index"
+    ingest([corpus], collection="big", index_dir=index_dir, embedder="clustered", chunk_size=50,
+           chunk_overlap=0, ann_threshold=2000)
+    with Collection.open("big", index_dir=index_dir) as col:
+        status = col.status()
+        assert status.chunks >= 3000 and status.ann_index == ANN_INDEX
+        table = col.vectors()
+        data = table.to_arrow().select(["chunk_id", "vector"]).to_pydict()
+        ids = np.array(data["chunk_id"])
+        matrix = np.array(data["vector"], dtype=np.float32)
+        rng = np.random.default_rng(1)
+        recalls = []
+        for row in rng.integers(0, len(ids), 40):
+            q = matrix[row] + 0.2 * rng.normal(size=DIMS).astype(np.float32)
+            q /= np.linalg.norm(q)
+            exact = set(ids[np.argsort(-(matrix @ q))[:10]])
+            hits = col.search(query="x", mode="dense", vector=q.tolist(), top_k=10).hits
+            recalls.append(len(exact & {h.chunk_id for h in hits}) / 10)
+    assert np.mean(recalls) >= 0.95
+
+
+def test_small_collections_search_exactly(tmp_path, clustered):
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("\n\n".join(f"line {i}" for i in range(50)))
+    ingest([corpus], collection="small", index_dir=tmp_path / "i", embedder="clustered",
+           chunk_size=50, chunk_overlap=0)
+    with Collection.open("small", index_dir=tmp_path / "i") as col:
+        assert col.status().ann_index is None
