@@ -291,3 +291,25 @@ async def test_access_log_has_one_line_per_call_and_never_the_query(ds, caplog):
     message = lines[0].getMessage()
     assert "tool=search" in message and "status=200" in message and "request_id=" in message
     assert all("zeppelin" not in r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
+
+
+def test_uvicorn_access_log_never_records_groundkit_query_strings():
+    from groundkit_datasette.logs import RedactQueryStrings
+
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d',
+        ("127.0.0.1:5000", "GET", "/energy/-/groundkit/search?q=zeppelin+secret", "1.1", 200), None,
+    )
+    assert RedactQueryStrings().filter(record)
+    assert "zeppelin" not in record.getMessage() and "/energy/-/groundkit/search" in record.getMessage()
+    other = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, "%s %s %s %s %d",
+                              ("c", "GET", "/energy/chunks?_search=x", "1.1", 200), None)
+    RedactQueryStrings().filter(other)
+    assert "_search=x" in other.getMessage()  # Datasette's own pages are not ours to change
+
+
+async def test_startup_installs_the_access_log_filter(ds):
+    from groundkit_datasette.logs import RedactQueryStrings
+
+    await ds.invoke_startup()
+    assert any(isinstance(f, RedactQueryStrings) for f in logging.getLogger("uvicorn.access").filters)

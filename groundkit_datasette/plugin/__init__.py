@@ -15,7 +15,9 @@ from datasette.utils.asgi import Response
 
 from .. import service
 from ..service import MalformedBody, RequestRejected, Settings, ToolContext, call_tool, map_exception
+from ..logs import install_access_log_filter
 from ..tools import Tool, all_tools
+from ..access import actor_from_request, asgi_wrapper, permission_allowed  # noqa: F401  (hooks)
 
 log = logging.getLogger("groundkit")
 
@@ -148,6 +150,10 @@ def skip_csrf(datasette, scope):
 @hookimpl
 def startup(datasette):
     settings = settings_for(datasette)  # fails start-up on unknown settings
+    install_access_log_filter()
+    from ..access import startup_checks
+
+    startup_checks(settings)
 
     async def inner():
         if settings.index_dir is not None:
