@@ -51,7 +51,7 @@ CREATE TABLE chunks (
 CREATE INDEX chunks_document ON chunks(document_id);
 
 CREATE VIRTUAL TABLE chunks_fts USING fts5(
-    content, heading, content='chunks', content_rowid='id', tokenize='porter unicode61'
+    content, heading, content="chunks", content_rowid="id", tokenize='porter unicode61'
 );
 CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
     INSERT INTO chunks_fts(rowid, content, heading) VALUES (new.id, new.content, new.heading);

@@ -280,3 +280,17 @@ def test_reader_keeps_a_consistent_view_while_ingest_replaces_the_file(tmp_path,
     assert held.execute("SELECT count(*) FROM documents").fetchone()[0] == 200
     held.close()
     assert rows(path, "SELECT count(*) FROM documents") == [(400,)]
+
+
+async def test_datasette_browses_the_collection_with_fts(corpus, index_dir):
+    from datasette.app import Datasette
+
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    ds = Datasette(files=[], immutables=[str(index_dir / "energy.sqlite3")])
+    tables = (await ds.client.get("/energy.json")).json()["tables"]
+    by_name = {t["name"]: t for t in tables}
+    assert by_name["chunks"]["fts_table"] == "chunks_fts"
+    assert by_name["documents"]["count"] == 4
+    r = await ds.client.get("/energy/chunks.json?_search=batteries&_shape=array")
+    assert r.status_code == 200
+    assert [row["content"].count("Batteries") for row in r.json()] == [1]
