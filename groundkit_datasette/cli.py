@@ -48,12 +48,13 @@ class _Progress:
             elif time.monotonic() - self.last > 2 or event["done"] == event["total"]:
                 self.last = time.monotonic()
                 click.echo(
-                    f"ingest: {event['done']}/{event['total']} files, {self.chunks} chunks written",
+                    f"ingest: {event['done']}/{event['total']} files read",
                     file=self.stream,
                 )
         elif kind == "postings":
             self._close()
-            click.echo("ingest: rebuilding the BM25 index and publishing", file=self.stream)
+            click.echo(f"ingest: {self.chunks} chunks written; rebuilding the BM25 index and publishing",
+                       file=self.stream)
         elif kind == "done":
             self._close()
 
@@ -312,6 +313,50 @@ def mcp(index_dir, base_dir, metadata):
         asyncio.run(serve())
     except KeyboardInterrupt:
         pass
+
+
+@cli.command("eval")
+@click.argument("dataset_dir", type=click.Path(exists=True, file_okay=False))
+@click.option("--collection", "-c", help="Collection to build or reuse. Default: from the data set directory's name.")
+@click.option("--index-dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Directory for the collection and its <name>-sources/ files.")
+@click.option("--modes", help="Comma-separated: bm25,dense,hybrid. Default: all the collection supports.")
+@click.option("--rerank", is_flag=True, help="Rerank each mode's top 50 with --reranker.")
+@click.option("--reranker", help="Reranker name: cross-encoder or http (or a plugin's).")
+@click.option("--reranker-option", multiple=True, metavar="KEY=VALUE")
+@click.option("--top-k", "depth", default=100, show_default=True, type=int,
+              help="Ranking depth per query (Recall@100 needs 100).")
+@click.option("--embedder", help="Embedder for a new collection, or 'none' for BM25 only. "
+                                 "Default: the collection's own, else 'minilm'.")
+@click.option("--runs-db", type=click.Path(dir_okay=False),
+              help="SQLite file the runs are appended to. Default: <index-dir>/groundkit-eval.sqlite3.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def eval_command(dataset_dir, collection, index_dir, modes, rerank, reranker, reranker_option, depth,
+                 embedder, runs_db, as_json):
+    """Score retrieval on a BEIR-layout data set: nDCG@10, Recall@10/100, MRR@10, latency."""
+    from .evaluate import evaluate, format_table
+
+    mode_list = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
+    try:
+        report = evaluate(
+            dataset_dir,
+            collection=collection,
+            index_dir=index_dir,
+            modes=mode_list,
+            rerank=rerank,
+            reranker=_reranker_from_options(reranker, reranker_option),
+            depth=depth,
+            embedder=embedder,
+            runs_db=runs_db,
+            progress=_Progress(),
+            log=lambda message: click.echo(message, err=True),
+        )
+    except GroundkitError as error:
+        _fail(error)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+    else:
+        click.echo(format_table(report))
 
 
 if __name__ == "__main__":

@@ -177,7 +177,7 @@ class Collection:
             (chunk_id,),
         )
         if not rows:
-            raise ChunkNotFound(f"chunk '{chunk_id}' not found in collection '{self.name}'")
+            raise ChunkNotFound("chunk not found")  # the same words for a chunk hidden by permissions
         r = rows[0]
         citation = ChunkCitation(
             chunk_id=r[0], document_id=r[1], chunk_index=r[2], source=r[3], title=r[4],

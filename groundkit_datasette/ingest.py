@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from . import bm25
+from .acl import ACLResolver
 from .chunking import chunk_text
 from .errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
 from .extract import Skipped, extract_bytes
@@ -43,6 +44,7 @@ DEFAULT_EXCLUDES = (
     "*.sqlite3-*",
     "*.lance",
     "*.pyc",
+    "*.acl.json",  # access-list sidecars (acl.py) describe documents; they are not documents
 )
 # Chunks gathered before one embedding call: amortises batching across small documents.
 EMBED_BATCH_CHUNKS = 256
@@ -366,9 +368,10 @@ class Indexer:
         existing = {
             row[0]: row[1:]
             for row in conn.execute(
-                "SELECT source, document_id, file_hash, extractor, extractor_version FROM documents"
+                "SELECT source, document_id, file_hash, extractor, extractor_version, acl FROM documents"
             )
         }
+        acls = ACLResolver(base)
         terms = bm25.TermTable(conn)
         seen: set[str] = set()
         pending: list[_Prepared] = []
@@ -423,9 +426,18 @@ class Indexer:
                 log.warning("cannot read %s: %s", source, exc.strerror)
                 continue
             file_hash = _sha(data)
+            acl = acls.for_document(source, data)
             prior = existing.get(source)
             if prior and not rechunk and prior[1] == file_hash:
-                report.unchanged += 1
+                if prior[4] == acl:
+                    report.unchanged += 1
+                else:  # only its access list changed: no re-chunking, no re-embedding
+                    conn.execute(
+                        "UPDATE documents SET acl = ?, generation = ? WHERE document_id = ?",
+                        (acl, generation, prior[0]),
+                    )
+                    report.updated += 1
+                    changed = True
                 continue
             try:
                 extracted = extract_bytes(data, Path(source).suffix)
@@ -452,6 +464,7 @@ class Indexer:
                 chunks=chunks,
                 chunk_ids=chunk_ids_for(document_id, chunks),
                 is_new=prior is None,
+                acl=acl,
             )
             pending.append(prep)
             pending_new_chunks += len(chunks)

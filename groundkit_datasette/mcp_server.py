@@ -131,7 +131,7 @@ def render_text(tool: Tool, data: dict) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False)
 
 
-def _error_result(error: service.ErrorInfo, request_id: str) -> types.CallToolResult:
+def error_result(error: service.ErrorInfo, request_id: str) -> types.CallToolResult:
     body = error.body(request_id)
     return types.CallToolResult(
         content=[types.TextContent(text=json.dumps(body, ensure_ascii=False))],
@@ -151,6 +151,40 @@ def _actor(ctx) -> Any:
     return None
 
 
+async def answer_call(datasette, tool: Tool, arguments, actor, surface: str) -> types.CallToolResult:
+    """One MCP call of ``tool`` as ``actor``: its result, or the shared error result; never raises.
+
+    Used by our own server and by the datasette-mcp bridge.
+    """
+    from .plugin import registry_for
+
+    request_id = uuid.uuid4().hex
+    # Everything below is caught: the SDK's own exception-to-error path would show
+    # the caller an exception's message; ours answers with the shared mapping only.
+    try:
+        tool_ctx = ToolContext(registry_for(datasette), actor, surface, request_id)
+        arguments = dict(arguments or {})
+        collection = None
+        if tool.scope == "collection":
+            collection = arguments.pop("collection", None)
+            if not isinstance(collection, str):
+                given = {} if collection is None else {"collection": collection}
+                _CollectionArgument.model_validate(given)  # raises, worded like any field
+        response, error = await service.call_tool(tool, tool_ctx, collection, arguments)
+        if error is not None:
+            return error_result(error, request_id)
+        data = response.model_dump(mode="json")
+        return types.CallToolResult(
+            content=[types.TextContent(text=render_text(tool, data))],
+            structured_content=data,
+        )
+    except Exception as exc:
+        error = map_exception(exc)
+        if error.status >= 500:
+            log.error("request %s: MCP %s failed", request_id, tool.name, exc_info=exc)
+        return error_result(error, request_id)
+
+
 # -- the server ---------------------------------------------------------------
 
 
@@ -163,8 +197,6 @@ def _package_version() -> str:
 
 def build_server(datasette, *, surface: str) -> Server:
     """A low-level MCP server whose tools are exactly ``all_tools()``."""
-    from .plugin import registry_for
-
     table = {tool.name: tool for tool in all_tools()}
     listed = [mcp_tool(tool) for tool in table.values()]
     schemas = {t.name: t.input_schema for t in listed}
@@ -176,31 +208,7 @@ def build_server(datasette, *, surface: str) -> Server:
         tool = table.get(params.name)
         if tool is None:
             raise MCPError(types.INVALID_PARAMS, "unknown tool")
-        request_id = uuid.uuid4().hex
-        # Everything below is caught: the SDK's own exception-to-error path would show
-        # the caller an exception's message; ours answers with the shared mapping only.
-        try:
-            tool_ctx = ToolContext(registry_for(datasette), _actor(ctx), surface, request_id)
-            arguments = dict(params.arguments or {})
-            collection = None
-            if tool.scope == "collection":
-                collection = arguments.pop("collection", None)
-                if not isinstance(collection, str):
-                    given = {} if collection is None else {"collection": collection}
-                    _CollectionArgument.model_validate(given)  # raises, worded like any field
-            response, error = await service.call_tool(tool, tool_ctx, collection, arguments)
-            if error is not None:
-                return _error_result(error, request_id)
-            data = response.model_dump(mode="json")
-            return types.CallToolResult(
-                content=[types.TextContent(text=render_text(tool, data))],
-                structured_content=data,
-            )
-        except Exception as exc:
-            error = map_exception(exc)
-            if error.status >= 500:
-                log.error("request %s: MCP %s failed", request_id, tool.name, exc_info=exc)
-            return _error_result(error, request_id)
+        return await answer_call(datasette, tool, params.arguments, _actor(ctx), surface)
 
     return Server(
         "groundkit",
@@ -313,18 +321,134 @@ async def _endpoint_for(datasette) -> _HttpEndpoint:
     return endpoint
 
 
+async def _send_error(send, exc: Exception) -> None:
+    from datasette.utils.asgi import Response
+
+    request_id = uuid.uuid4().hex
+    error = map_exception(exc)
+    response = Response.json(error.body(request_id), status=error.status)
+    response.headers["X-Request-ID"] = request_id
+    await response.asgi_send(send)
+
+
+def _check_message(body: bytes) -> None:
+    """Refuse a body that is not one JSON-RPC message here, in our words: the SDK's own
+    validation error quotes the offending input back to the caller."""
+    from mcp_types import jsonrpc_message_adapter
+    from pydantic import ValidationError
+
+    try:
+        jsonrpc_message_adapter.validate_json(body)
+    except (ValidationError, ValueError):
+        raise RequestRejected(400, "malformed_request", "the body must be one JSON-RPC message") from None
+
+
+def _replay(body: bytes, receive):
+    """A ``receive`` that hands the SDK the body already read, then the client's own messages."""
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+# Fixed words for the SDK's own HTTP refusals, re-shaped into the service's error body.
+_SDK_ERRORS = {
+    400: ("malformed_request", "the request is not a valid MCP message"),
+    404: ("not_found", "no such MCP session"),
+    405: ("method_not_allowed", "use POST for MCP requests"),
+    406: ("not_acceptable", "the client must accept application/json"),
+    409: ("conflict", "the request conflicts with the session state"),
+    413: ("payload_too_large", "request body exceeds 256 KiB"),
+    415: ("unsupported_media_type", "the body must be application/json"),
+}
+
+
+def _answers_a_request(body: bytes) -> dict | None:
+    """A JSON-RPC error naming a request id is the protocol's answer to that request
+    (clients read it); one without an id is a transport refusal."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(data, dict) and data.get("jsonrpc") == "2.0" and data.get("id") is not None:
+        return data
+    return None
+
+
+def _without_error_data(body: bytes) -> bytes:
+    """Drop ``error.data`` from a JSON-RPC error: the SDK puts request input there
+    (an unknown method's name). Our own tool errors travel as results, not here."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return body
+    if isinstance(data, dict) and isinstance(data.get("error"), dict) and "data" in data["error"]:
+        del data["error"]["data"]
+        return json.dumps(data, separators=(",", ":")).encode("utf-8")
+    return body
+
+
+def _shaped(send):
+    """Rewrite what the SDK answers so it echoes nothing: its transport refusals become
+    ``{"ok": false, "error", "detail", "request_id"}``, JSON-RPC errors lose ``data``."""
+    held, chunks = None, []
+
+    async def shaped_send(message):
+        nonlocal held
+        if message["type"] == "http.response.start":
+            content_type = dict(message.get("headers") or []).get(b"content-type", b"")
+            if message["status"] >= 400 or content_type.startswith(b"application/json"):
+                held = message
+                return
+        if held is not None and message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if message.get("more_body"):
+                return
+            body = b"".join(chunks)
+            status = held["status"]
+            if status >= 400 and _answers_a_request(body) is None:
+                kind, detail = _SDK_ERRORS.get(status, ("internal_error", "internal error"))
+                await _send_error(send, RequestRejected(status, kind, detail))
+                return
+            body = _without_error_data(body)
+            headers = [(k, v) for k, v in held.get("headers") or [] if k.lower() != b"content-length"]
+            headers.append((b"content-length", str(len(body)).encode()))
+            await send(dict(held, headers=headers))
+            await send({"type": "http.response.body", "body": body})
+            return
+        await send(message)
+
+    return shaped_send
+
+
 async def mcp_http_view(datasette, request, scope, receive, send):
-    """Datasette route for ``/-/groundkit/mcp``: hands the request to the SDK, responds via ``send``."""
+    """Datasette route for ``/-/groundkit/mcp``: hands the request to the SDK, responds via ``send``.
+
+    The body is read here first, so the 256 KiB limit (by Content-Length and by
+    bytes received) and a malformed message answer in the JSON API's error shape.
+    """
+    from .plugin import read_body
+
     try:
         endpoint = await _endpoint_for(datasette)
     except Exception:
-        from datasette.utils.asgi import Response
-
-        request_id = uuid.uuid4().hex
-        error = map_exception(RequestRejected(503, "unavailable", "the MCP endpoint is unavailable"))
-        response = Response.json(error.body(request_id), status=error.status)
-        response.headers["X-Request-ID"] = request_id
-        await response.asgi_send(send)
+        await _send_error(send, RequestRejected(503, "unavailable", "the MCP endpoint is unavailable"))
         return None
-    await endpoint.manager.handle_request(dict(scope, **{ACTOR_SCOPE_KEY: request.actor}), receive, send)
+    if scope.get("method") == "POST":
+        try:
+            body = await read_body(receive, request.headers)
+            _check_message(body)
+        except RequestRejected as exc:
+            await _send_error(send, exc)
+            return None
+        receive = _replay(body, receive)
+    await endpoint.manager.handle_request(
+        dict(scope, **{ACTOR_SCOPE_KEY: request.actor}), receive, _shaped(send)
+    )
     return None

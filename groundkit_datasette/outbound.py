@@ -166,12 +166,12 @@ def _refusal(ip: IPAddress, *, allow_private: bool) -> str | None:
         return "a link-local address"
     if ip.is_multicast:
         return "a multicast address"
+    if ip.is_loopback:  # before is_reserved: ::1 lies in the reserved ::/8
+        return None if allow_private else "a loopback address"
     if ip.is_reserved:
         return "a reserved address"
     if allow_private:
         return None
-    if ip.is_loopback:
-        return "a loopback address"
     if ip.is_private:
         return "a private address"
     if not ip.is_global:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -72,18 +74,57 @@ def _filter_sql(request: SearchRequest):
     return clauses, params
 
 
-def _allowed(collection, request):
-    """``(chunk row ids, document ids)`` passing the request's filters, or ``None`` when unfiltered."""
+@dataclass(frozen=True)
+class Allowed:
+    """The chunks a search may return, decided before anything is scored or truncated.
+
+    ``exclude`` flips the polarity: the rows and documents listed are the ones
+    *not* allowed (permissions alone usually hide few documents, so listing
+    those is the smaller set).
+    """
+
+    rows: np.ndarray  # sorted chunk row ids
+    documents: list[str]
+    exclude: bool = False
+
+    def mask(self, ids: np.ndarray) -> np.ndarray:
+        return np.isin(ids, self.rows, invert=self.exclude)
+
+    def lance_where(self) -> str | None:
+        if not self.documents:
+            return None if self.exclude else "false"
+        quoted = ",".join("'" + d.replace("'", "''") + "'" for d in self.documents)
+        return f"document_id {'NOT IN' if self.exclude else 'IN'} ({quoted})"
+
+    def count(self, total: int) -> int:
+        return total - int(self.rows.size) if self.exclude else int(self.rows.size)
+
+
+def _allowed(collection, request, access=None) -> Allowed | None:
+    """The chunks passing the request's filters and the reader's permissions; None: all of them."""
     clauses, params = _filter_sql(request)
-    if not clauses:
+    if access is not None and not access.hidden_documents:
+        access = None
+    if not clauses and access is None:
         return None
+    if not clauses:
+        hidden = list(access.hidden_documents)
+        rows = collection.query(
+            "SELECT id FROM chunks WHERE document_id IN (SELECT value FROM json_each(?))",
+            [json.dumps(hidden)],
+        )
+        ids = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+        return Allowed(ids, hidden, exclude=True)
+    if access is not None:
+        clauses.append(access.sql)
+        params += list(access.params)
     rows = collection.query(
         "SELECT c.id, c.document_id FROM chunks c JOIN documents d USING (document_id) WHERE "
         + " AND ".join(clauses),
         params,
     )
-    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    return ids, sorted({r[1] for r in rows})
+    ids = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+    return Allowed(ids, sorted({r[1] for r in rows}))
 
 
 def _bm25_ranked(collection, query, depth, allowed):
@@ -91,7 +132,7 @@ def _bm25_ranked(collection, query, depth, allowed):
     with collection._lock:
         ids, scores = bm25.score(collection._conn, query)
     if allowed is not None and ids.size:
-        keep = np.isin(ids, allowed[0])
+        keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
         ids, scores = ids[keep], scores[keep]
     if not ids.size:
         return []
@@ -122,13 +163,27 @@ def _dense_ranked(collection, vector, depth, allowed):
     q = q.distance_type("cosine").limit(depth).select(["chunk_id"])
     if collection.manifest.get("ann_index"):
         q = q.ef(ANN_EF).refine_factor(ANN_REFINE)
-    if allowed is not None:
-        if not allowed[1]:
-            return []
-        quoted = ",".join("'" + d.replace("'", "''") + "'" for d in allowed[1])
-        q = q.where(f"document_id IN ({quoted})", prefilter=True)
+    where = allowed.lance_where() if allowed is not None else None
+    if where == "false":
+        return []
+    if where is not None:
+        # A prefilter: the nearest neighbours are searched among allowed rows only.
+        q = q.where(where, prefilter=True)
     result = q.to_arrow().to_pydict()
     return [(cid, 1.0 - float(dist)) for cid, dist in zip(result["chunk_id"], result["_distance"])]
+
+
+def _dense_complete(collection, ranked, depth, allowed) -> bool:
+    """Whether a dense list short of ``depth`` holds every allowed chunk.
+
+    A flat prefiltered search always does; an ANN index probing too few
+    partitions for a selective filter may not, and then the answer is False.
+    """
+    if len(ranked) >= depth:
+        return True
+    total = collection.query("SELECT count(*) FROM chunks")[0][0]
+    readable = allowed.count(total) if allowed is not None else total
+    return len(ranked) >= readable
 
 
 def _query_vector(collection, request):
@@ -191,14 +246,16 @@ def _hits(collection, ranked, components):
     return hits
 
 
-def run_search(collection, request: SearchRequest) -> SearchResponse:
+def run_search(collection, request: SearchRequest, access=None) -> SearchResponse:
+    """``access`` (acl.Access) restricts the search to one reader's documents."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     mode = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
     if request.rerank and collection.reranker is None:
         raise RerankNotConfigured("reranking was requested but no reranker is configured")
     depth = MAX_TOP_K if request.rerank else request.top_k
-    allowed = _allowed(collection, request)
+    allowed = _allowed(collection, request, access)
+    complete = True
     components: dict[str, dict[str, ComponentScore]] = {}
 
     def timed(label, fn, *args):
@@ -218,10 +275,9 @@ def run_search(collection, request: SearchRequest) -> SearchResponse:
         for rank, (cid, s) in enumerate(bm25_list, 1):
             components.setdefault(cid, {})["bm25"] = ComponentScore(rank=rank, score=s)
     if mode in ("dense", "hybrid"):
-        dense_list = timed(
-            "dense_ms", _dense_ranked, collection, vector,
-            depth if mode == "dense" else max(depth, HYBRID_DEPTH), allowed,
-        )
+        dense_depth = depth if mode == "dense" else max(depth, HYBRID_DEPTH)
+        dense_list = timed("dense_ms", _dense_ranked, collection, vector, dense_depth, allowed)
+        complete = _dense_complete(collection, dense_list, dense_depth, allowed)
         for rank, (cid, s) in enumerate(dense_list, 1):
             components.setdefault(cid, {})["dense"] = ComponentScore(rank=rank, score=s)
     if mode == "hybrid":
@@ -245,7 +301,7 @@ def run_search(collection, request: SearchRequest) -> SearchResponse:
         reranked=request.rerank,
         rerank_model=rerank_model,
         rerank_depth=rerank_depth,
-        complete=True,
+        complete=complete,
         timings_ms=timings,
         hits=hits,
     )

@@ -13,6 +13,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from . import errors as E
+from .auth import OIDCConfig, StaticToken, parse_oidc, parse_tokens
 from .collection import Collection
 from .names import validate_name
 from .schema import is_collection_file
@@ -106,6 +107,9 @@ class Settings:
     reranker_options: dict | None = None
     allow_remote_access: bool = False
     allow_anonymous: bool = False
+    # Authentication (auth.py, adr/0006): OIDC bearer tokens and hashed static tokens.
+    oidc: OIDCConfig | None = None
+    tokens: tuple[StaticToken, ...] = ()
 
     @classmethod
     def from_config(cls, config: dict | None) -> "Settings":
@@ -117,6 +121,12 @@ class Settings:
         for key in ("index_dir", "base_dir"):
             if config.get(key) is not None:
                 config[key] = Path(config[key])
+        for key in ("allow_remote_access", "allow_anonymous"):
+            # A string "false" must not publish anything.
+            if key in config and not isinstance(config[key], bool):
+                raise ValueError(f"groundkit setting {key} must be true or false")
+        config["oidc"] = parse_oidc(config.get("oidc"))
+        config["tokens"] = parse_tokens(config.get("tokens"))
         return cls(**config)
 
 
@@ -176,7 +186,7 @@ class Registry:
         validate_name(name)  # before any lookup: a traversal probe learns nothing
         path = self.database_path(name)
         if path is None or not await self.allowed(actor, name):
-            raise E.CollectionNotFound(f"collection '{name}' not found")
+            raise E.CollectionNotFound("collection not found")  # echoes nothing from the request
         col = self._open.get(name)
         if col is not None and col.path == path and col.is_current():
             return col
@@ -208,8 +218,11 @@ class ToolContext:
     async def collection(self, name: str) -> Collection:
         return await self.registry.get(name, self.actor)
 
-    def scoped(self, collection: Collection) -> Collection:
-        return collection
+    def scoped(self, collection: Collection):
+        """The collection as this caller sees it: only documents its actor may read (acl.py)."""
+        from .acl import Reader, ScopedCollection
+
+        return ScopedCollection(collection, Reader.from_actor(self.actor))
 
     async def visible_collections(self) -> list[str]:
         return await self.registry.visible(self.actor)

@@ -143,10 +143,16 @@ async def test_internal_errors_never_leak_their_cause(ds, collection, corpus):
 
 
 def registered_patterns(ds):
+    """Every route our plugin module registers, from each of its register_routes hookimpls
+    (other installed plugins, such as datasette-mcp's ``/-/mcp``, are not ours)."""
+    import groundkit_datasette.plugin as gk_plugin
     from datasette.plugins import pm as ds_pm
 
     patterns = []
-    for plugin_routes in ds_pm.hook.register_routes(datasette=ds):
+    for impl in ds_pm.hook.register_routes.get_hookimpls():
+        if impl.plugin is not gk_plugin:
+            continue
+        plugin_routes = impl.function(datasette=ds)
         patterns += [p if isinstance(p, str) else p.pattern for p, _ in plugin_routes or []]
     return patterns
 

@@ -18,6 +18,8 @@ from ..service import MalformedBody, RequestRejected, Settings, ToolContext, cal
 from ..logs import install_access_log_filter
 from ..tools import Tool, all_tools
 from ..access import actor_from_request, asgi_wrapper, permission_allowed  # noqa: F401  (hooks)
+from ..datasette_mcp_bridge import register_mcp_tools  # noqa: F401  (datasette-mcp's hook)
+from .ui_hooks import render_cell, table_actions  # noqa: F401  (hookimpls must be attributes here)
 
 log = logging.getLogger("groundkit")
 

@@ -1,0 +1,337 @@
+"""BM25: ours against bm25s, rank_bm25 and raw SQLite FTS5 on the same chunks, in one run.
+
+Every engine indexes the same chunk texts (read from our collection), answers the
+same queries, and runs in a fresh interpreter so its memory figure is its own.
+Latency: per-query wall time at k=10, p50/p95 per pass, median over passes.
+nDCG@10: a separate depth-100 pass, chunks aggregated to documents by best rank.
+
+    python benchmarks/bm25.py                         # both irdata corpora
+    python benchmarks/bm25.py --collection big.sqlite3 --queries 200   # + a large collection
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this directory would lead sys.path and benchmarks/http.py would shadow the
+# standard library's http package: put the repository root there instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
+
+import argparse
+import json
+import random
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import _common as c  # noqa: E402
+
+ENGINES = ("ours", "bm25s", "rank_bm25", "fts5")
+TOP_K = 10
+DEPTH = 100
+
+
+# -- workers (each in its own process) --------------------------------------------------
+
+
+def _ranking_to_docs(chunk_rows, source_of_row, id_of_source):
+    seen, out = set(), []
+    for row in chunk_rows:
+        doc = id_of_source.get(source_of_row.get(row))
+        if doc is not None and doc not in seen:
+            seen.add(doc)
+            out.append(doc)
+    return out
+
+
+def _quality(search_rows, spec, source_of_row):
+    """Mean nDCG@10 over judged queries, or None without qrels."""
+    from groundkit_datasette.evaluate import ndcg_at
+
+    if not spec.get("qrels"):
+        return None
+    scores = []
+    for qid, text in spec["queries"]:
+        docs = _ranking_to_docs(search_rows(text, DEPTH), source_of_row, spec["id_of_source"])
+        scores.append(ndcg_at(docs, spec["qrels"][qid], 10))
+    return sum(scores) / len(scores)
+
+
+def worker(engine: str, spec_file: str) -> dict:
+    spec = json.loads(Path(spec_file).read_text())
+    path = Path(spec["collection"])
+    # Import first and load the texts: the memory figure is the index's, not the libraries'.
+    import numpy  # noqa: F401
+
+    import groundkit_datasette.collection  # noqa: F401
+    import groundkit_datasette.search  # noqa: F401
+
+    if engine == "bm25s":
+        import bm25s  # noqa: F401
+    elif engine == "rank_bm25":
+        import rank_bm25  # noqa: F401
+    texts_ids = texts = sources = None
+    if engine != "ours":
+        texts_ids, texts, sources = c.chunk_texts(path)
+    queries = [t for _, t in spec["queries"]]
+    repeats = spec["repeats"]
+    out: dict = {"engine": engine}
+    base_rss = c.rss_mb()
+
+    if engine == "ours":
+        from groundkit_datasette import bm25
+        from groundkit_datasette.collection import Collection
+        from groundkit_datasette.search import _bm25_ranked
+
+        t = time.perf_counter()
+        col = Collection.from_path(path)
+        out["open_s"] = time.perf_counter() - t
+
+        def search(q):
+            return col.search(query=q, mode="bm25", top_k=TOP_K)
+
+        def ranked(q):
+            return _bm25_ranked(col, q, TOP_K, None)
+
+        def score_only(q):
+            return bm25.score(col._conn, q)
+
+        search(queries[0])
+        out["variants"] = {}
+        for label, fn in (("search", search), ("score+rank", ranked), ("score", score_only)):
+            out["variants"][label] = c.latency_stats(c.timed_passes(fn, queries, repeats))
+        out["build_s"] = spec.get("ours_build_s")
+        out["mem_mb"] = c.rss_mb() - base_rss
+        out["mem_note"] = "mem = RSS growth from open + all queries (the index stays on disk)"
+        source_of_row = dict(col.query("SELECT c.id, d.source FROM chunks c JOIN documents d USING (document_id)"))
+        row_of_chunk = dict(col.query("SELECT chunk_id, id FROM chunks"))
+        out["ndcg"] = _quality(
+            lambda q, k: [row_of_chunk[cid] for cid, _ in _bm25_ranked(col, q, k * 3, None)],
+            spec, source_of_row,
+        )
+        out["p50"], out["p95"] = out["variants"]["search"]
+        return out
+
+    source_of_row = dict(zip(texts_ids, sources))
+    ids = texts_ids
+
+    if engine == "bm25s":
+        import bm25s
+        import Stemmer
+
+        stemmer = Stemmer.Stemmer("english")
+        t = time.perf_counter()
+        corpus_tokens = bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, show_progress=False)
+        retriever = bm25s.BM25(k1=1.5, b=0.75)
+        retriever.index(corpus_tokens, show_progress=False)
+        out["build_s"] = time.perf_counter() - t
+        del corpus_tokens
+        n = len(texts)
+
+        def search_rows(q, k):
+            tokens = bm25s.tokenize([q], stopwords="en", stemmer=stemmer, show_progress=False, return_ids=False)
+            docs, _scores = retriever.retrieve(tokens, k=min(k, n), show_progress=False)
+            return [ids[i] for i in docs[0]]
+
+    elif engine == "rank_bm25":
+        import numpy as np
+        from rank_bm25 import BM25Okapi
+
+        from groundkit_datasette.bm25 import tokenize
+
+        t = time.perf_counter()
+        index = BM25Okapi([tokenize(x) for x in texts], k1=1.5, b=0.75)
+        out["build_s"] = time.perf_counter() - t
+        queries = queries[: spec["rank_bm25_queries"]]
+        out["queries_timed"] = len(queries)
+
+        def search_rows(q, k):
+            scores = index.get_scores(tokenize(q))
+            k = min(k, scores.size)
+            top = np.argpartition(-scores, k - 1)[:k]
+            return [ids[i] for i in top[np.argsort(-scores[top], kind="stable")]]
+
+    elif engine == "fts5":
+        import sqlite3
+
+        from groundkit_datasette.bm25 import STOP_WORDS
+
+        db = Path(spec["work"]) / "fts5-baseline.sqlite3"
+        db.unlink(missing_ok=True)
+        t = time.perf_counter()
+        conn = sqlite3.connect(db)
+        conn.execute("CREATE VIRTUAL TABLE fts USING fts5(body, tokenize='porter unicode61')")
+        with conn:
+            conn.executemany("INSERT INTO fts(rowid, body) VALUES (?, ?)", zip(ids, texts))
+        out["build_s"] = time.perf_counter() - t
+        out["disk_mb"] = db.stat().st_size / 2**20
+
+        def match(q, drop_stop):
+            words = [w for w in re.findall(r"\w+", q.lower()) if not (drop_stop and w in STOP_WORDS)]
+            return " OR ".join('"' + w + '"' for w in dict.fromkeys(words)) or '""'
+
+        def rows_for(q, k, drop_stop=False):
+            return [r[0] for r in conn.execute(
+                "SELECT rowid FROM fts WHERE fts MATCH ? ORDER BY rank LIMIT ?", (match(q, drop_stop), k)
+            )]
+
+        search_rows = rows_for
+        rows_for(queries[0], TOP_K)
+        out["variants"] = {
+            "OR": c.latency_stats(c.timed_passes(lambda q: rows_for(q, TOP_K), queries, repeats)),
+            "OR, stop words removed": c.latency_stats(
+                c.timed_passes(lambda q: rows_for(q, TOP_K, True), queries, repeats)
+            ),
+        }
+        out["ndcg_variants"] = {
+            "OR": _quality(lambda q, k: rows_for(q, k * 3), spec, source_of_row),
+            "OR, stop words removed": _quality(lambda q, k: rows_for(q, k * 3, True), spec, source_of_row),
+        }
+        out["mem_mb"] = c.rss_mb() - base_rss
+        out["p50"], out["p95"] = out["variants"]["OR"]
+        out["ndcg"] = out["ndcg_variants"]["OR"]
+        return out
+    else:
+        raise SystemExit(f"unknown engine {engine}")
+
+    out["mem_mb"] = c.rss_mb() - base_rss
+    search_rows(queries[0], TOP_K)
+    out["p50"], out["p95"] = c.latency_stats(c.timed_passes(lambda q: search_rows(q, TOP_K), queries, repeats))
+    out["ndcg"] = _quality(lambda q, k: search_rows(q, k * 3), spec, source_of_row)
+    return out
+
+
+# -- the parent ------------------------------------------------------------------------
+
+
+def build_ours(dataset_dir: Path, work: Path, repeats: int):
+    """BM25-only collection of the data set; median build time over ``repeats`` fresh builds."""
+    from groundkit_datasette.evaluate import load_dataset, write_sources
+    from groundkit_datasette.ingest import Indexer
+
+    ds = load_dataset(dataset_dir)
+    sources = work / f"{ds.name}-sources"
+    sync = write_sources(ds.corpus(), sources)
+    times = []
+    for i in range(repeats):
+        index = work / f"index-{ds.name}"
+        shutil.rmtree(index, ignore_errors=True)
+        t = time.perf_counter()
+        report = Indexer(ds.name, index_dir=index, base_dir=sources, embedder="none").ingest([sources])
+        times.append(time.perf_counter() - t)
+    times.sort()
+    return ds, sync.id_of_source, index / f"{ds.name}.sqlite3", times[len(times) // 2], report.chunks_written
+
+
+def synthetic_queries(collection: Path, n: int, seed: int = 1) -> list[tuple[str, str]]:
+    """Queries for a collection without judgements: 2-6 words drawn from random chunks."""
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{collection}?immutable=1", uri=True)
+    top = conn.execute("SELECT max(id) FROM chunks").fetchone()[0]
+    rng = random.Random(seed)
+    out = []
+    while len(out) < n:
+        row = conn.execute("SELECT content FROM chunks WHERE id >= ? LIMIT 1", (rng.randint(1, top),)).fetchone()
+        words = [w for w in re.findall(r"[A-Za-z]{3,}", row[0])] if row else []
+        if len(words) >= 2:
+            out.append((str(len(out)), " ".join(rng.sample(words, min(len(words), rng.randint(2, 6))))))
+    conn.close()
+    return out
+
+
+def report_corpus(label, chunks, nq, results, ours_build_s) -> tuple[str, dict]:
+    ours = results["ours"]
+    rows = []
+    for name, (p50, p95) in ours["variants"].items():
+        rows.append([f"ours ({name})", ours_build_s if name == "search" else None,
+                     ours["mem_mb"] if name == "search" else None, p50, p95,
+                     ours["ndcg"] if name == "search" else None])
+    for engine in ("bm25s", "rank_bm25"):
+        if engine in results:
+            r = results[engine]
+            rows.append([engine + (f" ({r['queries_timed']} queries)" if "queries_timed" in r else ""),
+                         r["build_s"], r["mem_mb"], r["p50"], r["p95"], r["ndcg"]])
+    if "fts5" in results:
+        r = results["fts5"]
+        for name, (p50, p95) in r["variants"].items():
+            rows.append([f"fts5 {name}", r["build_s"] if name == "OR" else None,
+                         r["mem_mb"] if name == "OR" else None, p50, p95, r["ndcg_variants"][name]])
+    ours_p50 = ours["variants"]["search"][0]
+    for row in rows:
+        row.append(c.ratio(ours_p50, row[3]))
+    text = [f"\n## {label}: {chunks} chunks, {nq} queries",
+            c.table(["engine", "build s", "mem MB", "p50 ms", "p95 ms", "nDCG@10", "ours/this p50"], rows)]
+    summary = {"chunks": chunks, "queries": nq, "rows": rows}
+    if "bm25s" in results:
+        b = results["bm25s"]
+        r_search = ours_p50 / b["p50"]
+        r_raw = ours["variants"]["score+rank"][0] / b["p50"]
+        ok = "met" if r_search <= 1.5 else "MISSED"
+        text.append(f"target ours/bm25s p50 <= 1.5: search {r_search:.2f} ({ok}); score+rank path {r_raw:.2f}; "
+                    f"p95 ratio {ours['variants']['search'][1] / b['p95']:.2f}")
+        if ours["ndcg"] is not None and b["ndcg"] is not None:
+            text.append(f"nDCG@10 ours {ours['ndcg']:.4f} vs bm25s {b['ndcg']:.4f} "
+                        f"({'no worse' if ours['ndcg'] >= b['ndcg'] - 1e-9 else 'WORSE'})")
+        summary.update(ratio_search=r_search, ratio_raw=r_raw)
+    text.append(f"ours: collection opened in {ours['open_s'] * 1000:.1f} ms; {ours['mem_note']}")
+    return "\n".join(text), summary
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpora", default=",".join(c.CORPORA), help="irdata corpora (comma-separated; '' for none)")
+    ap.add_argument("--collection", action="append", default=[], help="an existing collection .sqlite3 to add")
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--repeats", type=int, default=3, help="query passes (median over passes)")
+    ap.add_argument("--build-repeats", type=int, default=3)
+    ap.add_argument("--queries", type=int, default=200, help="synthetic queries for --collection")
+    ap.add_argument("--rank-bm25-queries", type=int, default=100, help="rank_bm25 is slow: time this many")
+    ap.add_argument("--work", help="work directory (default: a temporary one)")
+    ap.add_argument("--json", dest="json_out", help="also write the figures to this JSON file")
+    ap.add_argument("--worker", nargs=2, metavar=("ENGINE", "SPEC"), help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(*args.worker)))
+        return
+
+    engines = [e for e in args.engines.split(",") if e]
+    work = Path(args.work or tempfile.mkdtemp(prefix="gk-bench-bm25-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"# BM25 benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')})")
+    targets = []
+    for name in [n for n in args.corpora.split(",") if n]:
+        ds, id_of_source, path, build_s, chunks = build_ours(c.irdata(name), work, args.build_repeats)
+        queries = [(q, ds.queries[q]) for q in ds.judged_queries]
+        qrels = {q: ds.qrels[q] for q, _ in queries}
+        targets.append((name, path, queries, qrels, id_of_source, build_s))
+    for extra in args.collection:
+        p = Path(extra).resolve()
+        targets.append((p.stem, p, synthetic_queries(p, args.queries), None, {}, None))
+
+    summaries = {}
+    for label, path, queries, qrels, id_of_source, build_s in targets:
+        spec = work / f"spec-{label}.json"
+        spec.write_text(json.dumps({
+            "collection": str(path), "queries": queries, "qrels": qrels, "id_of_source": id_of_source,
+            "repeats": args.repeats, "rank_bm25_queries": args.rank_bm25_queries, "work": str(work),
+            "ours_build_s": build_s,
+        }))
+        results = {e: c.run_worker(Path(__file__), [e, str(spec)]) for e in engines}
+        import sqlite3
+
+        chunks = sqlite3.connect(f"file:{path}?immutable=1", uri=True).execute("SELECT count(*) FROM chunks").fetchone()[0]
+        text, summary = report_corpus(label, chunks, len(queries), results, build_s)
+        print(text, flush=True)
+        summaries[label] = summary | {"results": results}
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(summaries, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,191 @@
+"""Cold start: process start to first answered query, per mode, at increasing collection sizes.
+
+Each measurement starts a fresh interpreter that imports groundkit, opens the
+collection and answers one query; the clock runs from just before the process
+is spawned until the answer line arrives (interpreter teardown excluded). The
+page cache is warm (every figure is a median over repeats). Baselines in the
+same run: a bare ``python -c`` start, bm25s loading its saved index
+(memory-mapped) and answering, numpy loading the saved vectors (memory-mapped)
+and answering. Collections are the synthetic ones of ``dense.py`` (a
+registered synthetic embedder embeds queries, so the model load is reported
+separately: the default MiniLM's first ``embed_query`` in a fresh process).
+
+    python benchmarks/coldstart.py --sizes 10000,50000,200000 [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this directory would lead sys.path and benchmarks/http.py would shadow the
+# standard library's http package: put the repository root there instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
+
+import argparse
+import json
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+from benchmarks import _common as c  # noqa: E402
+
+QUERY = "zipf words about the section and its topic"
+
+_CHILD_OURS = """
+import sys, time, json
+t0 = time.perf_counter()
+sys.path.insert(0, {root!r})
+from benchmarks import _synthetic
+_synthetic.register()
+from groundkit_datasette.collection import Collection
+t1 = time.perf_counter()
+col = Collection.open({name!r}, index_dir={index!r})
+t2 = time.perf_counter()
+r = col.search(query={query!r}, mode={mode!r}, top_k=10)
+t3 = time.perf_counter()
+print(json.dumps({{"hits": len(r.hits), "import_s": t1 - t0, "open_s": t2 - t1, "query_s": t3 - t2}}), flush=True)
+"""
+
+_CHILD_BM25S = """
+import json, time
+t0 = time.perf_counter()
+import bm25s, Stemmer
+t1 = time.perf_counter()
+retriever = bm25s.BM25.load({path!r}, mmap=True)
+t2 = time.perf_counter()
+tokens = bm25s.tokenize([{query!r}], stopwords="en", stemmer=Stemmer.Stemmer("english"), show_progress=False, return_ids=False)
+docs, scores = retriever.retrieve(tokens, k=10, show_progress=False)
+t3 = time.perf_counter()
+print(json.dumps({{"hits": int(docs.shape[1]), "import_s": t1 - t0, "open_s": t2 - t1, "query_s": t3 - t2}}), flush=True)
+"""
+
+_CHILD_NUMPY = """
+import json, time
+t0 = time.perf_counter()
+import numpy as np
+t1 = time.perf_counter()
+m = np.load({path!r}, mmap_mode="r")
+t2 = time.perf_counter()
+q = np.random.default_rng(1).standard_normal(m.shape[1]).astype(np.float32)
+q /= np.linalg.norm(q)
+s = m @ q
+top = np.argpartition(-s, 10)[:10]
+t3 = time.perf_counter()
+print(json.dumps({{"hits": len(top), "import_s": t1 - t0, "open_s": t2 - t1, "query_s": t3 - t2}}), flush=True)
+"""
+
+_CHILD_MINILM = """
+import json, time
+t0 = time.perf_counter()
+from groundkit_datasette.embedders import get_embedder
+t1 = time.perf_counter()
+e = get_embedder("minilm")
+e.load()
+t2 = time.perf_counter()
+e.embed_query({query!r})
+t3 = time.perf_counter()
+print(json.dumps({{"hits": 1, "import_s": t1 - t0, "open_s": t2 - t1, "query_s": t3 - t2}}), flush=True)
+"""
+
+
+def spawn(code: str) -> dict:
+    """Wall time from spawn to the answer line, plus the child's own breakdown."""
+    env = dict(os.environ, LANCE_LOG="error", RUST_LOG="error")
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    line = proc.stdout.readline()
+    wall = time.perf_counter() - t
+    _out, err = proc.communicate(timeout=600)
+    if proc.returncode != 0 or not line:
+        raise RuntimeError(f"child failed: {err[-2000:]}")
+    return dict(json.loads(line), wall_s=wall)
+
+
+def median_runs(code: str, repeats: int) -> dict:
+    runs = [spawn(code) for _ in range(repeats + 1)][1:]  # the first run warms the page cache
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def prepare_baselines(index: Path, name: str, work: Path):
+    """bm25s index of the same chunks and the same vectors as .npy, saved to disk."""
+    import bm25s
+    import numpy as np
+    import Stemmer
+
+    from groundkit_datasette.collection import Collection
+
+    bm25s_dir = work / f"{name}.bm25s"
+    npy = work / f"{name}.npy"
+    if not bm25s_dir.exists():
+        _ids, texts, _src = c.chunk_texts(index / f"{name}.sqlite3")
+        tokens = bm25s.tokenize(texts, stopwords="en", stemmer=Stemmer.Stemmer("english"), show_progress=False)
+        retriever = bm25s.BM25()
+        retriever.index(tokens, show_progress=False)
+        retriever.save(str(bm25s_dir))
+    if not npy.exists():
+        with Collection.open(name, index_dir=index) as col:
+            data = col.vectors().to_arrow().column("vector").to_numpy(zero_copy_only=False)
+        np.save(npy, np.stack(data).astype(np.float32))
+    return bm25s_dir, npy
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="10000,50000,200000")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--work", help="directory for the synthetic collections (shared with dense.py)")
+    ap.add_argument("--collection", action="append", default=[],
+                    help="also an existing collection .sqlite3 built with --embedder synthetic")
+    args = ap.parse_args(argv)
+    from benchmarks import _synthetic as syn
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="gk-bench-cold-"))
+    print(f"# Cold start ({c.machine()}, {time.strftime('%Y-%m-%d')}); medians of {args.repeats} fresh processes, "
+          "warm page cache")
+    floor = median_runs("print('{\"hits\": 0, \"import_s\": 0, \"open_s\": 0, \"query_s\": 0}')", args.repeats)
+    minilm = median_runs(_CHILD_MINILM.format(query=QUERY), args.repeats)
+    rows = []
+    targets = []
+    for size in [int(s) for s in args.sizes.split(",") if s]:
+        index, name, _report, _ = syn.build_collection(work, size)
+        targets.append((index, name))
+    targets += [(Path(p).parent, Path(p).name.removesuffix(".sqlite3")) for p in args.collection]
+    for index, name in targets:
+        import sqlite3
+
+        size = sqlite3.connect(f"file:{index / (name + '.sqlite3')}?immutable=1", uri=True).execute(
+            "SELECT count(*) FROM chunks").fetchone()[0]
+        bm25s_dir, npy = prepare_baselines(index, name, work)
+        base = {
+            "bm25": median_runs(_CHILD_BM25S.format(path=str(bm25s_dir), query=QUERY), args.repeats),
+            "dense": median_runs(_CHILD_NUMPY.format(path=str(npy)), args.repeats),
+        }
+        for mode in ("bm25", "dense", "hybrid"):
+            ours = median_runs(
+                _CHILD_OURS.format(root=str(HERE.parent), name=name, index=str(index), query=QUERY, mode=mode),
+                args.repeats,
+            )
+            b = base.get(mode)
+            rows.append([f"{name} ({size:,})", mode, ours["wall_s"], ours["import_s"], ours["open_s"], ours["query_s"],
+                         b["wall_s"] if b else None, c.ratio(ours["wall_s"], b["wall_s"]) if b else "-",
+                         ("met" if ours["wall_s"] <= 0.5 else "MISSED") if mode == "bm25" else "-"])
+        print(f"built/reused {name}", flush=True)
+    print(f"python start floor (python -c print): {floor['wall_s']:.3f} s")
+    print(c.table(["collection (chunks)", "mode", "ours wall s", "import s", "open s", "1st query s",
+                   "baseline wall s", "ours/baseline", "bm25 <= 0.5 s"], rows))
+    print("baselines: bm25 -> bm25s (BM25.load mmap=True + retrieve); dense -> numpy (np.load mmap + matmul); "
+          "hybrid has none")
+    print(f"default MiniLM in a fresh process: import {minilm['import_s']:.3f} s, model load {minilm['open_s']:.3f} s, "
+          f"first embed_query {minilm['query_s']:.3f} s (wall {minilm['wall_s']:.3f} s): add to dense/hybrid "
+          "when the query is text")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,225 @@
+"""HTTP surfaces: JSON search and MCP ``tools/call`` over streamable HTTP, against the library call
+and against Datasette's own ``GET /<db>/chunks.json?_search=`` table search.
+
+A real ``datasette serve`` (uvicorn) runs on 127.0.0.1 in its own process with the
+groundkit plugin; httpx async clients send the same queries with 1, 8 and 32
+concurrent clients for a bounded number of requests. The library baseline is
+``Collection.search`` in this process (threads for concurrency). Reported per
+surface and level: p50/p95 latency, throughput, errors.
+
+    python benchmarks/http.py [--requests 400] [--levels 1,8,32] [--mode bm25]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this directory would lead sys.path and this file would shadow the
+# standard library's http package (httpx imports it): put the repository root there instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import json  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from concurrent.futures import ThreadPoolExecutor  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from benchmarks import _common as c  # noqa: E402
+
+MCP_HEADERS = {
+    "content-type": "application/json",
+    "accept": "application/json, text/event-stream",
+    "mcp-protocol-version": "2025-06-18",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(index_dir: Path, work: Path):
+    port = free_port()
+    meta = work / "http-metadata.json"
+    meta.write_text(json.dumps({"plugins": {"groundkit": {"index_dir": str(index_dir)}}}))
+    datasette = Path(sys.executable).with_name("datasette")
+    log = open(work / "datasette.log", "w")
+    proc = subprocess.Popen(
+        [str(datasette), "serve", "-h", "127.0.0.1", "-p", str(port), "-m", str(meta),
+         "--setting", "max_returned_rows", "100"],
+        stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, LANCE_LOG="error"),
+    )
+    import httpx
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"datasette exited; see {work / 'datasette.log'}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/-/versions.json", timeout=1).status_code == 200:
+                return proc, f"http://127.0.0.1:{port}"
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.terminate()
+    raise RuntimeError("datasette did not start")
+
+
+def surfaces(name: str, mode: str):
+    """(label, async fn(client, query) -> ok) for each HTTP surface."""
+
+    async def json_search(client, q):
+        r = await client.post(f"/{name}/-/groundkit/search.json", json={"query": q, "mode": mode, "top_k": 10})
+        return r.status_code == 200 and "hits" in r.json()
+
+    counter = iter(range(1, 10**9))
+
+    async def mcp_call(client, q):
+        body = {"jsonrpc": "2.0", "id": next(counter), "method": "tools/call",
+                "params": {"name": "search", "arguments": {"collection": name, "query": q, "mode": mode, "top_k": 10}}}
+        r = await client.post("/-/groundkit/mcp", json=body, headers=MCP_HEADERS)
+        if r.status_code != 200:
+            return False
+        text = r.text
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            text = "".join(line[5:] for line in text.splitlines() if line.startswith("data:"))
+        result = json.loads(text).get("result") or {}
+        return not result.get("isError") and "hits" in (result.get("structuredContent") or {})
+
+    async def datasette_fts(client, q):
+        r = await client.get(f"/{name}/chunks.json", params={"_search": q, "_size": 10, "_shape": "objects"})
+        return r.status_code == 200
+
+    return [("JSON search.json", json_search), ("MCP tools/call", mcp_call), ("Datasette ?_search=", datasette_fts)]
+
+
+async def load(base_url: str, fn, queries: list[str], clients: int, total: int, time_limit: float):
+    """``clients`` concurrent clients share ``total`` requests; stops at ``time_limit`` seconds."""
+    import httpx
+
+    latencies, errors = [], 0
+    next_i = iter(range(total))
+    deadline = time.monotonic() + time_limit
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async with httpx.AsyncClient(base_url=base_url, timeout=60, limits=limits) as client:
+        async def worker():
+            nonlocal errors
+            for i in next_i:
+                if time.monotonic() > deadline:
+                    return
+                t = time.perf_counter()
+                try:
+                    ok = await fn(client, queries[i % len(queries)])
+                except Exception:
+                    ok = False
+                latencies.append((time.perf_counter() - t) * 1000)
+                errors += not ok
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(clients)))
+        elapsed = time.perf_counter() - t0
+    return latencies, errors, elapsed
+
+
+def library(col, mode: str, queries: list[str], clients: int, total: int):
+    latencies, errors = [], 0
+    lock = threading.Lock()
+
+    def one(i):
+        nonlocal errors
+        t = time.perf_counter()
+        try:
+            col.search(query=queries[i % len(queries)], mode=mode, top_k=10)
+            ok = True
+        except Exception:
+            ok = False
+        with lock:
+            latencies.append((time.perf_counter() - t) * 1000)
+            errors += not ok
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(one, range(total)))
+    return latencies, errors, time.perf_counter() - t0
+
+
+def build_default(work: Path) -> tuple[Path, str, list[str]]:
+    """A BM25-only nfcorpus_approx collection and its query texts."""
+    from groundkit_datasette.evaluate import load_dataset, write_sources
+    from groundkit_datasette.ingest import Indexer
+
+    ds = load_dataset(c.irdata("nfcorpus_approx"))
+    sources = work / "nfcorpus-sources"
+    write_sources(ds.corpus(), sources)
+    index = work / "index"
+    Indexer("nfcorpus", index_dir=index, base_dir=sources, embedder="none").ingest([sources])
+    return index, "nfcorpus", [ds.queries[q] for q in ds.judged_queries]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=400, help="requests per surface and level")
+    ap.add_argument("--levels", default="1,8,32")
+    ap.add_argument("--mode", default="bm25")
+    ap.add_argument("--time-limit", type=float, default=60, help="seconds per surface and level, at most")
+    ap.add_argument("--index-dir", help="serve this index directory (with --collection) instead of building one")
+    ap.add_argument("--collection")
+    ap.add_argument("--queries-from", default="nfcorpus_approx", help="irdata set whose queries are sent")
+    ap.add_argument("--work")
+    args = ap.parse_args(argv)
+    work = Path(args.work or tempfile.mkdtemp(prefix="gk-bench-http-"))
+    work.mkdir(parents=True, exist_ok=True)
+    if args.index_dir:
+        from groundkit_datasette.evaluate import load_dataset
+
+        index, name = Path(args.index_dir), args.collection
+        ds = load_dataset(c.irdata(args.queries_from))
+        queries = [ds.queries[q] for q in ds.judged_queries]
+    else:
+        index, name, queries = build_default(work)
+    levels = [int(x) for x in args.levels.split(",")]
+
+    from groundkit_datasette.collection import Collection
+
+    print(f"# HTTP benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')}); collection {name}, mode {args.mode}, "
+          f"{args.requests} requests per cell, {len(queries)} distinct queries")
+    proc, base = start_server(index, work)
+    rows = []
+    try:
+        col = Collection.open(name, index_dir=index)
+        col.search(query=queries[0], mode=args.mode)
+        lib = {}
+        for n in levels:
+            lat, err, el = library(col, args.mode, queries, n, args.requests)
+            lib[n] = (c.percentile(lat, 0.5), len(lat) / el)
+            rows.append(["library Collection.search", n, c.percentile(lat, 0.5), c.percentile(lat, 0.95),
+                         len(lat) / el, err, "1.00", "1.00"])
+        col.close()
+        for label, fn in surfaces(name, args.mode):
+            asyncio.run(load(base, fn, queries, 1, 5, 30))  # warm-up
+            for n in levels:
+                lat, err, el = asyncio.run(load(base, fn, queries, n, args.requests, args.time_limit))
+                p50, rate = c.percentile(lat, 0.5), len(lat) / el
+                rows.append([label, n, p50, c.percentile(lat, 0.95), rate, err,
+                             c.ratio(p50, lib[n][0]), c.ratio(rate, lib[n][1])])
+            print(f"done: {label}", file=sys.stderr, flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    print(c.table(["surface", "clients", "p50 ms", "p95 ms", "req/s", "errors", "p50 / library", "req/s / library"],
+                  rows))
+    print("Datasette ?_search= is FTS5 with Datasette's default escaping (terms ANDed), no citations or "
+          "verification: a floor for an HTTP round trip through Datasette, not the same query.")
+
+
+if __name__ == "__main__":
+    main()

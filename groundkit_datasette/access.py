@@ -1,0 +1,356 @@
+"""Who may reach groundkit at all: loopback by default, Host/Origin checks, and
+"published means authenticated".
+
+One ASGI wrapper around the whole Datasette app decides, before any view runs,
+for every *guarded* request: the groundkit routes (``/-/groundkit`` anywhere in
+the path, MCP included) and Datasette's own pages of a collection database
+(``/energy/chunks`` would otherwise serve the same corpus). Other databases and
+Datasette's own pages are left to Datasette.
+
+Polarity note: ``outbound.py`` refuses loopback because reaching it from a
+provider call is SSRF; this module requires loopback because an inbound socket
+anywhere else publishes the corpus. Same ``ipaddress`` classification, opposite
+verdict; they are not to be merged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import json
+import logging
+import re
+import uuid
+from urllib.parse import urlsplit
+
+from datasette import hookimpl
+
+from .auth import ABSENT, Authenticator, Outcome
+from .outbound import classify_address
+from .service import ErrorInfo
+
+log = logging.getLogger("groundkit")
+access_log = logging.getLogger("groundkit.access")
+
+GUARD_MARK = "/-/groundkit"
+# Per-request authentication result, so the token is verified once per request
+# although both this wrapper and Datasette's own actor lookup ask for it.
+AUTH_SCOPE_KEY = "groundkit.auth"
+LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
+_PORT = re.compile(r"^:[0-9]{1,5}$")
+# Datasette actions that read a collection's tables directly, bypassing document permissions.
+RAW_READ_ACTIONS = frozenset({"view-table", "view-query", "execute-sql", "view-database-download"})
+
+
+# -- classification -------------------------------------------------------------
+
+
+def loopback_ip(text: str) -> bool:
+    """True for an IPv4 127/8 or IPv6 ``::1`` literal, IPv4-mapped spellings included.
+
+    6to4, Teredo and NAT64 addresses are unwrapped only to be *refused*: such an
+    address lives on a routable IPv6 interface whatever IPv4 address it embeds,
+    so an embedded 127.0.0.1 does not make the socket local. Classification never
+    depends on the interpreter's own ``is_loopback`` treatment of mapped forms.
+    """
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    if ip.version == 6:
+        if getattr(ip, "scope_id", None):
+            return False
+        if ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped.is_loopback
+        if classify_address(ip) != ip:  # 6to4, Teredo, NAT64
+            return False
+        return ip == ipaddress.IPv6Address("::1")
+    return ip.is_loopback
+
+
+def loopback_socket(server) -> bool:
+    """Whether the ASGI ``server`` (this connection's local address) is loopback.
+
+    A missing address (a Unix socket, for one) is not loopback: the caller is
+    whoever the socket's owner lets in, typically a reverse proxy, so it is
+    treated as published and needs ``allow_remote_access``.
+    """
+    if not server or not isinstance(server[0], str):
+        return False
+    host = server[0].strip().lower()
+    if host in LOOPBACK_NAMES:  # in-process clients (httpx's ASGITransport) name the server
+        return True
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return loopback_ip(host)
+
+
+def loopback_host_header(value: str) -> bool:
+    """Whether a ``Host`` value names this machine's loopback, with or without a port."""
+    value = value.strip().lower()
+    if value.startswith("["):
+        end = value.find("]")
+        if end < 0:
+            return False
+        host, rest = value[1:end], value[end + 1 :]
+        if rest and not _PORT.match(rest):
+            return False
+        return ":" in host and "%" not in host and loopback_ip(host)
+    host, colon, port = value.partition(":")
+    if colon and not _PORT.match(colon + port):
+        return False
+    if host in LOOPBACK_NAMES:
+        return True
+    return "." in host and loopback_ip(host)  # dotted-quad only: no "2130706433" spellings
+
+
+def loopback_origin(value: str) -> bool:
+    """Whether an ``Origin`` is a page served from this machine's loopback."""
+    try:
+        parts = urlsplit(value.strip())
+    except ValueError:
+        return False
+    if parts.scheme not in ("http", "https") or parts.path not in ("", "/"):
+        return False
+    if parts.query or parts.fragment or "@" in parts.netloc:
+        return False
+    return loopback_host_header(parts.netloc)
+
+
+# -- which requests are guarded -------------------------------------------------------
+
+
+def _paths(scope) -> list[str]:
+    out = [scope.get("path") or ""]
+    raw = scope.get("raw_path")
+    if raw:
+        out.append(raw.decode("latin-1"))
+    return [p.partition("?")[0] for p in out]
+
+
+def is_guarded(datasette, scope) -> bool:
+    paths = _paths(scope)
+    if any(GUARD_MARK in p for p in paths):
+        return True
+    return any(_names_collection(datasette, p) for p in paths)
+
+
+def _names_collection(datasette, path: str) -> bool:
+    """Whether ``path`` is one of Datasette's own pages of a collection database."""
+    from datasette.utils import tilde_decode
+
+    from .names import NAME_PATTERN
+    from .plugin import registry_for, settings_for
+    from .schema import is_collection_file
+
+    base_url = datasette.setting("base_url") or "/"
+    if base_url != "/" and path.startswith(base_url):
+        path = "/" + path[len(base_url) :]
+    segment = path.lstrip("/").split("/", 1)[0]
+    if not segment or segment == "-":
+        return False
+    candidates = {segment, segment.rsplit(".", 1)[0]}
+    for name in list(candidates):
+        try:
+            candidates.add(tilde_decode(name))
+        except Exception:  # not tilde-encoded: the name as it is
+            pass
+    registry = registry_for(datasette)
+    index_dir = settings_for(datasette).index_dir
+    for name in candidates:
+        if registry.database_path(name) is not None:
+            return True
+        # Before start-up has attached ``index_dir``, its files still count.
+        if index_dir is not None and NAME_PATTERN.fullmatch(name):
+            if is_collection_file(index_dir / f"{name}.sqlite3"):
+                return True
+    return False
+
+
+# -- authentication ---------------------------------------------------------------------
+
+
+def authenticator_for(datasette) -> Authenticator:
+    from .plugin import settings_for
+
+    auth = getattr(datasette, "_groundkit_authenticator", None)
+    if auth is None:
+        settings = settings_for(datasette)
+        auth = Authenticator(settings.tokens, settings.oidc)
+        datasette._groundkit_authenticator = auth
+    return auth
+
+
+def _header_values(scope, name: bytes) -> list[str]:
+    return [v.decode("latin-1") for k, v in scope.get("headers") or [] if k.lower() == name]
+
+
+async def authenticate_scope(datasette, scope) -> Outcome:
+    cached = scope.get(AUTH_SCOPE_KEY)
+    if isinstance(cached, Outcome):
+        return cached
+    auth = authenticator_for(datasette)
+    if not auth.configured:
+        return ABSENT
+    authorization = _header_values(scope, b"authorization")
+    if not authorization:
+        return ABSENT
+    if auth.oidc is None:
+        return auth.authenticate(authorization)
+    return await asyncio.to_thread(auth.authenticate, authorization)
+
+
+async def _any_actor(datasette, scope, receive):
+    """The actor some Datasette authentication plugin finds for this request (ours included)."""
+    from datasette.plugins import pm
+    from datasette.utils import await_me_maybe
+    from datasette.utils.asgi import Request
+
+    request = Request(scope, receive)
+    for actor in pm.hook.actor_from_request(datasette=datasette, request=request):
+        actor = await await_me_maybe(actor)
+        if actor:
+            return actor
+    return None
+
+
+@hookimpl
+def actor_from_request(datasette, request):
+    if not authenticator_for(datasette).configured:
+        return None
+
+    async def inner():
+        return (await authenticate_scope(datasette, request.scope)).actor
+
+    return inner
+
+
+# -- the wrapper ----------------------------------------------------------------------------
+
+_REMOTE = (
+    403,
+    "remote_access_disabled",
+    "groundkit answers only on a loopback address; to publish it, set the groundkit plugin "
+    "setting allow_remote_access: true (and configure authentication)",
+)
+_HOST = (
+    403,
+    "host_not_allowed",
+    "the Host header must name this machine's loopback (localhost, 127.0.0.1 or [::1]); a "
+    "server published under another name sets allow_remote_access: true",
+)
+_ORIGIN = (403, "origin_not_allowed", "requests from pages outside this machine's loopback are refused")
+_UNAVAILABLE = (
+    503,
+    "authentication_unavailable",
+    "the identity provider could not be reached to verify the token; try again later",
+)
+_INVALID = (401, "invalid_token", "the bearer token was not accepted")
+_REQUIRED = (
+    401,
+    "authentication_required",
+    "this server requires authentication: send Authorization: Bearer <token>",
+)
+
+
+async def refusal(datasette, scope, receive) -> tuple[tuple[int, str, str], dict] | None:
+    """Why this guarded request is refused, or None; and the scope to pass on."""
+    from .plugin import settings_for
+
+    settings = settings_for(datasette)
+    if not settings.allow_remote_access:
+        if not loopback_socket(scope.get("server")):
+            return _REMOTE, scope
+        hosts = _header_values(scope, b"host")
+        if len(hosts) != 1 or not loopback_host_header(hosts[0]):
+            return _HOST, scope
+        origins = _header_values(scope, b"origin")
+        if origins and (len(origins) > 1 or not loopback_origin(origins[0])):
+            return _ORIGIN, scope
+    outcome = await authenticate_scope(datasette, scope)
+    scope = dict(scope, **{AUTH_SCOPE_KEY: outcome})
+    if outcome.state == "unavailable":
+        return _UNAVAILABLE, scope
+    must_authenticate = settings.allow_remote_access and not settings.allow_anonymous
+    if outcome.actor is None and (outcome.state == "invalid" or must_authenticate):
+        if await _any_actor(datasette, scope, receive) is None:
+            return (_INVALID if outcome.state == "invalid" else _REQUIRED), scope
+    return None, scope
+
+
+async def send_refusal(scope, send, status: int, kind: str, detail: str) -> None:
+    request_id = uuid.uuid4().hex
+    access_log.info("request_id=%s refused status=%s error=%s", request_id, status, kind)
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    body = json.dumps(ErrorInfo(status, kind, detail).body(request_id)).encode("utf-8")
+    headers = [
+        (b"content-type", b"application/json; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+        (b"cache-control", b"no-store"),
+        (b"x-request-id", request_id.encode()),
+    ]
+    if status == 401:
+        challenge = 'Bearer realm="groundkit"'
+        if kind == "invalid_token":
+            challenge += ', error="invalid_token"'
+        headers.append((b"www-authenticate", challenge.encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+@hookimpl
+def asgi_wrapper(datasette):
+    def wrap(app):
+        async def groundkit_access(scope, receive, send):
+            if scope.get("type") not in ("http", "websocket") or not is_guarded(datasette, scope):
+                return await app(scope, receive, send)
+            refused, scope = await refusal(datasette, scope, receive)
+            if refused is not None:
+                return await send_refusal(scope, send, *refused)
+            return await app(scope, receive, send)
+
+        return groundkit_access
+
+    return wrap
+
+
+# -- Datasette's own table views ----------------------------------------------------------
+
+
+@hookimpl(trylast=True)
+def permission_allowed(datasette, actor, action, resource):
+    """Datasette's table, SQL and download views cannot apply document permissions, so
+    they are closed on any collection that has documents with an access list."""
+    if action not in RAW_READ_ACTIONS:
+        return None
+    database = resource[0] if isinstance(resource, (tuple, list)) else resource
+    if not isinstance(database, str):
+        return None
+    from .acl import collection_has_acl
+    from .plugin import registry_for
+
+    path = registry_for(datasette).database_path(database)
+    if path is None or not collection_has_acl(path):
+        return None
+    return False
+
+
+# -- start-up -------------------------------------------------------------------------------
+
+
+def startup_checks(settings) -> None:
+    """Say loudly what the settings publish."""
+    if settings.allow_remote_access and settings.allow_anonymous:
+        log.warning(
+            "groundkit: allow_remote_access and allow_anonymous are both true: every collection "
+            "this server serves is PUBLIC to anyone who can reach it, without authentication"
+        )
+    elif settings.allow_remote_access and not (settings.oidc or settings.tokens):
+        log.warning(
+            "groundkit: allow_remote_access is true but neither oidc nor tokens is configured: "
+            "callers need an actor from another Datasette authentication plugin, or get 401"
+        )
+    elif settings.allow_anonymous:
+        log.info("groundkit: allow_anonymous has no effect without allow_remote_access")

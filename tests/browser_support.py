@@ -1,0 +1,93 @@
+"""Helpers for the real-browser tests: a live Datasette server, Chromium, page checks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+
+CHROMIUM = "/usr/bin/chromium"
+# Debian's Chromium, never Playwright's download (which cannot be fetched here).
+CHROMIUM_ARGS = [
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+REPO = Path(__file__).resolve().parent.parent
+
+
+def artifacts_dir() -> Path:
+    path = Path(os.environ.get("GROUNDKIT_ARTIFACTS") or REPO / "artifacts" / "screenshots")
+    path.mkdir(parents=True, exist_ok=True)
+    return path.resolve()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LiveServer:
+    """A real uvicorn server on a loopback port, in a thread, like ``datasette serve``."""
+
+    def __init__(self, datasette):
+        self.datasette = datasette
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # access_log off: the server's own log must never record query strings.
+        config = uvicorn.Config(datasette.app(), host="127.0.0.1", port=self.port,
+                                log_level="warning", access_log=False, lifespan="auto")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+
+
+# Run in the page: what a keyboard or screen-reader user would trip over.
+_PAGE_PROBLEMS = """() => {
+    const problems = [];
+    const h1s = document.querySelectorAll('h1');
+    if (h1s.length !== 1) problems.push(`${h1s.length} h1 elements`);
+    let last = 0;
+    for (const h of document.querySelectorAll('h1, h2, h3, h4, h5, h6')) {
+        const level = Number(h.tagName[1]);
+        if (last && level > last + 1) problems.push(`heading ${h.tagName} after h${last}: ${h.textContent.trim()}`);
+        last = level;
+    }
+    for (const el of document.querySelectorAll('input, select, textarea')) {
+        if (['hidden', 'submit', 'button'].includes(el.type)) continue;
+        const named = (el.labels && el.labels.length) || el.getAttribute('aria-label')
+            || el.getAttribute('aria-labelledby');
+        if (!named) problems.push(`unlabelled ${el.tagName.toLowerCase()} #${el.id || el.name}`);
+    }
+    const ids = [...document.querySelectorAll('[id]')].map(e => e.id);
+    const dupes = ids.filter((id, i) => ids.indexOf(id) !== i);
+    if (dupes.length) problems.push(`duplicate ids: ${dupes.join(', ')}`);
+    return problems;
+}"""
+
+
+def page_problems(page) -> list[str]:
+    return page.evaluate(_PAGE_PROBLEMS)
+
+
+def horizontal_overflow(page) -> int:
+    """How many CSS pixels the page is wider than its viewport."""
+    return page.evaluate(
+        "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )

@@ -1,0 +1,199 @@
+import gzip
+import json
+import random
+import sqlite3
+
+import pytest
+import pytrec_eval
+from click.testing import CliRunner
+
+from groundkit_datasette.cli import cli
+from groundkit_datasette.collection import Collection
+from groundkit_datasette.errors import InvalidRequest
+from groundkit_datasette.evaluate import (
+    documents_from_chunks,
+    evaluate,
+    load_dataset,
+    percentile,
+    query_metrics,
+    safe_file_name,
+)
+
+
+def _hand_made_run():
+    """Graded qrels (with judged non-relevant documents) and a run deep enough for Recall@100."""
+    rng = random.Random(7)
+    qrels = {
+        "q1": {"d1": 2, "d2": 1, "d9": 3, "d4": 0},
+        "q2": {"a": 1},
+        "q3": {"x1": 1, "x2": 2, "x3": 3, "x4": 1, "x5": 2, "x6": 1, "x7": 1, "x8": 3, "x9": 1,
+               "x10": 2, "x11": 1, "x12": 4, "x150": 2},
+        "q4": {"nothing": 1},  # never retrieved: every metric is 0
+        "q5": {"late": 3, "d4": 0},
+    }
+    runs = {
+        "q1": ["d1", "d3", "d2", "d4", "d5"],
+        "q2": ["b", "c", "a"],
+        "q3": [f"x{i}" for i in rng.sample(range(1, 200), 150)],
+        "q4": ["y1", "y2"],
+        "q5": [f"z{i}" for i in range(11)] + ["late"],  # relevant only at rank 12
+    }
+    return qrels, runs
+
+
+def _scored(ranking):
+    # Strictly decreasing scores: trec_eval orders by score, so the order is unambiguous.
+    return {doc: float(len(ranking) - i) for i, doc in enumerate(ranking)}
+
+
+def test_metrics_match_trec_eval():
+    qrels, runs = _hand_made_run()
+    full = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut_10", "recall_10", "recall_100"}).evaluate(
+        {q: _scored(r) for q, r in runs.items()}
+    )
+    # trec_eval's recip_rank has no cut-off: MRR@10 is recip_rank over the top 10 only.
+    top10 = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank"}).evaluate(
+        {q: _scored(r[:10]) for q, r in runs.items()}
+    )
+    for q, ranking in runs.items():
+        ours = query_metrics(ranking, qrels[q])
+        assert ours["ndcg_at_10"] == pytest.approx(full[q]["ndcg_cut_10"], abs=1e-9), q
+        assert ours["recall_at_10"] == pytest.approx(full[q]["recall_10"], abs=1e-9), q
+        assert ours["recall_at_100"] == pytest.approx(full[q]["recall_100"], abs=1e-9), q
+        assert ours["mrr_at_10"] == pytest.approx(top10[q]["recip_rank"], abs=1e-9), q
+    # The hand-made run exercises the interesting cases, not only zeros and ones.
+    assert 0 < query_metrics(runs["q3"], qrels["q3"])["recall_at_100"] < 1
+    assert query_metrics(runs["q5"], qrels["q5"])["mrr_at_10"] == 0.0
+
+
+def test_chunk_ranking_aggregates_to_documents_by_best_chunk():
+    doc_of = {"c1": "A", "c2": "B", "c3": "A", "c4": "C", "c5": "B"}
+    ranked = [("c1", 9.0), ("c3", 8.0), ("c2", 7.0), ("c5", 6.0), ("c9", 5.5), ("c4", 5.0)]
+    assert documents_from_chunks(ranked, doc_of) == ["A", "B", "C"]
+
+
+def test_percentile_interpolates_like_numpy():
+    values = [5.0, 1.0, 3.0, 2.0, 4.0]
+    assert percentile(values, 0.5) == 3.0
+    assert percentile(values, 0.95) == pytest.approx(4.8)
+
+
+def test_safe_file_names_stay_inside_and_unique():
+    names = {safe_file_name(i) for i in ["MED-10", "../etc/passwd", "a/b", "a_b", "/abs", ".hidden", "\0x"]}
+    assert len(names) == 7
+    for n in names:
+        assert "/" not in n and "\0" not in n and not n.startswith(".") and n.endswith(".txt")
+    assert safe_file_name("MED-10") == "MED-10.txt"
+
+
+CORPUS = [
+    {"_id": "solar", "title": "Solar panels", "text": "Photovoltaic cells turn sunlight into electricity."},
+    {"_id": "wind", "title": "Wind farms", "text": "Turbines convert moving air into rotation and power."},
+    {"_id": "hydro", "title": "", "text": "Dams release water through turbines to make electricity."},
+    {"_id": "bees", "title": "Honey bees", "text": "Bees pollinate flowers and make honey in hives."},
+    {"_id": "odd/id", "title": "Bread", "text": "Yeast makes bread dough rise before baking."},
+]
+QUERIES = [
+    {"_id": "1", "text": "sunlight electricity cells"},
+    {"_id": "2", "text": "turbines"},
+    {"_id": "3", "text": "how do bees make honey"},
+    {"_id": "4", "text": "unjudged query"},
+]
+QRELS = [("1", "solar", 2), ("1", "hydro", 1), ("2", "wind", 1), ("2", "hydro", 2), ("3", "bees", 1),
+         ("3", "odd/id", 0)]
+
+
+def _write_dataset(root, corpus=CORPUS):
+    (root / "qrels").mkdir(parents=True)
+    with gzip.open(root / "corpus.jsonl.gz", "wt", encoding="utf-8") as f:
+        for doc in corpus:
+            f.write(json.dumps(doc) + "\n")
+    (root / "queries.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUERIES))
+    (root / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{d}\t{s}\n" for q, d, s in QRELS)
+    )
+    return root
+
+
+def test_load_dataset_reads_beir_layout(tmp_path):
+    ds = load_dataset(_write_dataset(tmp_path / "tiny"))
+    assert ds.judged_queries == ["1", "2", "3"]  # 4 has no qrels
+    assert ds.qrels["3"] == {"bees": 1, "odd/id": 0}
+    assert [d["_id"] for d in ds.corpus()] == [d["_id"] for d in CORPUS]
+
+
+def test_eval_builds_a_real_collection_reuses_it_and_stores_runs(tmp_path):
+    data = _write_dataset(tmp_path / "tiny")
+    index = tmp_path / "index"
+    report = evaluate(data, index_dir=index, embedder="none")
+    assert report.collection == "tiny" and not report.reused
+    assert [r.mode for r in report.results] == ["bm25"]
+    bm25 = report.results[0]
+    assert bm25.queries == 3 and bm25.top10_mismatches == 0
+    # Every judged query finds its best document first on this corpus.
+    assert bm25.mrr_at_10 == 1.0 and bm25.recall_at_100 == 1.0
+
+    sources = index / "tiny-sources"
+    assert (sources / "solar.txt").read_text() == "Solar panels\n\nPhotovoltaic cells turn sunlight into electricity."
+    assert (sources / "hydro.txt").read_text() == CORPUS[2]["text"]
+    mtimes = {p.name: p.stat().st_mtime_ns for p in sources.iterdir()}
+
+    # Eval collections are real collections: their citations verify.
+    with Collection.open("tiny", index_dir=index) as col:
+        hit = col.search(query="honey bees", mode="bm25").hits[0]
+        assert hit.source == "bees.txt"
+        assert col.fetch_chunk(hit.chunk_id).verification.status == "verified"
+        generation = col.generation
+
+    again = evaluate(data, index_dir=index)
+    assert again.reused and again.generation == generation
+    assert {p.name: p.stat().st_mtime_ns for p in sources.iterdir()} == mtimes
+    assert again.results[0].ndcg_at_10 == bm25.ndcg_at_10
+
+    db = sqlite3.connect(index / "groundkit-eval.sqlite3")
+    runs = db.execute("SELECT run_id, dataset, collection, generation, mode, ndcg_at_10 FROM runs").fetchall()
+    assert [r[1:5] for r in runs] == [("tiny", "tiny", generation, "bm25")] * 2
+    per_query = db.execute("SELECT query_id, ndcg_at_10, top_documents FROM query_results WHERE run_id = ?",
+                           (runs[0][0],)).fetchall()
+    assert sorted(q[0] for q in per_query) == ["1", "2", "3"]
+    assert json.loads(dict((q[0], q[2]) for q in per_query)["3"])[0] == "bees"
+    # The runs file is not mistaken for a collection.
+    assert [n for n in CliRunner().invoke(cli, ["collections", "--index-dir", str(index)]).output.split()] == ["tiny"]
+
+
+def test_eval_picks_up_a_changed_corpus(tmp_path):
+    data = _write_dataset(tmp_path / "tiny")
+    index = tmp_path / "index"
+    first = evaluate(data, index_dir=index, embedder="none")
+    changed = [d for d in CORPUS if d["_id"] != "wind"] + [{"_id": "tide", "title": "", "text": "Tides turn turbines."}]
+    _write_dataset(tmp_path / "tiny2", changed)
+    second = evaluate(tmp_path / "tiny2", collection="tiny", index_dir=index)
+    assert not second.reused and second.generation == first.generation + 1
+    names = sorted(p.name for p in (index / "tiny-sources").iterdir())
+    assert "wind.txt" not in names and "tide.txt" in names
+
+
+def test_eval_cli_json_with_every_mode(tmp_path):
+    data = _write_dataset(tmp_path / "tiny")
+    index = tmp_path / "index"
+    result = CliRunner().invoke(
+        cli, ["eval", str(data), "--index-dir", str(index), "--runs-db", str(tmp_path / "runs.db"), "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert [r["mode"] for r in report["results"]] == ["bm25", "dense", "hybrid"]
+    for r in report["results"]:
+        assert 0 < r["ndcg_at_10"] <= 1 and r["latency_p50_ms"] > 0
+        assert r["top10_mismatches"] == 0
+    rows = sqlite3.connect(tmp_path / "runs.db").execute("SELECT count(*) FROM query_results").fetchone()
+    assert rows == (9,)
+
+
+def test_eval_refuses_bad_options(tmp_path):
+    data = _write_dataset(tmp_path / "tiny")
+    with pytest.raises(InvalidRequest):
+        evaluate(data, index_dir=tmp_path / "i", modes=["bm25", "sparse"])
+    with pytest.raises(InvalidRequest):
+        evaluate(data, index_dir=tmp_path / "i", embedder="none", modes=["dense"])
+    result = CliRunner().invoke(cli, ["eval", str(data), "--index-dir", str(tmp_path / "i"), "--rerank"])
+    assert result.exit_code != 0 and "reranker" in result.output
