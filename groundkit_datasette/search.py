@@ -160,7 +160,7 @@ def _dense_ranked(collection, vector, depth, allowed):
     if table is None:
         raise DenseUnavailable("the collection has no vectors; use mode bm25")
     q = table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
-    q = q.distance_type("cosine").limit(depth).select(["chunk_id"])
+    q = q.distance_type("cosine").limit(depth).select(["chunk_id", "_distance"])
     if collection.manifest.get("ann_index"):
         q = q.ef(ANN_EF).refine_factor(ANN_REFINE)
     where = allowed.lance_where() if allowed is not None else None

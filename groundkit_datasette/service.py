@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -141,8 +142,13 @@ class Registry:
         self._embedder = None
         self._reranker = None
         self._models_loaded = False
+        self._models_lock = threading.Lock()
 
     def _models(self):
+        with self._models_lock:
+            return self._load_models()
+
+    def _load_models(self):
         if not self._models_loaded:
             s = self.settings
             if s.embedder:
@@ -166,6 +172,25 @@ class Registry:
             return None
         path = Path(db.path)
         return path if is_collection_file(path) else None
+
+    def warm(self) -> None:
+        """Import LanceDB and load query embedders ahead of the first dense query.
+
+        Run in a thread at start-up: importing lancedb alone takes seconds, and
+        none of this reads per-corpus data beyond the manifests.
+        """
+        from .search import query_embedder
+
+        try:
+            import lancedb  # noqa: F401
+
+            embedder, _ = self._models()
+            for name in self.candidate_names():
+                with Collection(self.database_path(name), name, embedder=embedder) as col:
+                    if col.embedding is not None:
+                        query_embedder(col).embed_query("warm-up")
+        except Exception as exc:  # warming is an optimisation; requests report real errors
+            log.debug("warm-up skipped: %s", type(exc).__name__)
 
     def candidate_names(self) -> list[str]:
         from .names import NAME_PATTERN

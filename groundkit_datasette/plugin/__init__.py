@@ -6,6 +6,7 @@ Datasette's hooks to it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from pathlib import Path
@@ -160,6 +161,8 @@ def startup(datasette):
     async def inner():
         if settings.index_dir is not None:
             attach_index_dir(datasette, settings.index_dir)
+        # Not awaited: Datasette starts serving while models load in the background.
+        asyncio.get_running_loop().run_in_executor(None, registry_for(datasette).warm)
 
     return inner
 
