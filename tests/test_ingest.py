@@ -294,3 +294,69 @@ async def test_datasette_browses_the_collection_with_fts(corpus, index_dir):
     r = await ds.client.get("/energy/chunks.json?_search=batteries&_shape=array")
     assert r.status_code == 200
     assert [row["content"].count("Batteries") for row in r.json()] == [1]
+
+
+class _WideEmbedder:
+    """A second embedder (a real plugin through our hook) with another model and width."""
+
+    provider, model_name, dimensions = "test", "wide-512", 512
+
+    def embed(self, texts):
+        import numpy as np
+
+        out = np.ones((len(texts), 512), dtype=np.float32)
+        return out / np.linalg.norm(out, axis=1, keepdims=True)
+
+
+def test_vectors_bind_the_manifest_and_a_different_model_is_refused(corpus, index_dir):
+    from groundkit_datasette import plugins as gk_plugins
+    from groundkit_datasette.errors import EmbedderError
+    from groundkit_datasette.hookspecs import hookimpl
+    from groundkit_datasette.vectors import open_table
+
+    first = ingest([corpus], collection="energy", index_dir=index_dir)
+    conn = open_immutable(index_dir / "energy.sqlite3")
+    manifest = dict(conn.execute("SELECT key, value FROM groundkit_manifest"))
+    n_chunks = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    conn.close()
+    assert manifest["embedding_model"] == "sentence-transformers/all-MiniLM-L6-v2"
+    assert manifest["embedding_dimensions"] == "384"
+    table = open_table(index_dir / "energy.lance", int(manifest["lance_version"]))
+    assert table.count_rows() == n_chunks == first.chunks_embedded
+
+    class Plugin:
+        @staticmethod
+        @hookimpl
+        def register_embedders(register):
+            register("wide", lambda **o: _WideEmbedder())
+
+    gk_plugins.pm.register(Plugin, name="wide-test")
+    try:
+        before = snapshot(index_dir)
+        (corpus / "solar.md").write_text("# Solar\n\nchanged\n")
+        with pytest.raises(EmbedderError) as err:
+            ingest([corpus], collection="energy", index_dir=index_dir, embedder="wide")
+        message = str(err.value)
+        assert "all-MiniLM-L6-v2" in message and "384" in message
+        assert "wide-512" in message and "512" in message
+        assert snapshot(index_dir) == before
+        with pytest.raises(InvalidRequest, match="without vectors"):
+            ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    finally:
+        gk_plugins.pm.unregister(name="wide-test")
+
+
+def test_only_new_chunk_text_is_embedded_on_reingest(corpus, index_dir):
+    first = ingest([corpus], collection="energy", index_dir=index_dir)
+    text = (corpus / "solar.md").read_text()
+    (corpus / "solar.md").write_text(text + "\n## Grid\n\nNet metering pays for exported power.\n")
+    second = ingest([corpus], collection="energy", index_dir=index_dir)
+    assert second.updated == 1
+    assert 0 < second.chunks_embedded < first.chunks_embedded
+    conn = open_immutable(index_dir / "energy.sqlite3")
+    n_chunks = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    version = conn.execute("SELECT value FROM groundkit_manifest WHERE key='lance_version'").fetchone()[0]
+    conn.close()
+    from groundkit_datasette.vectors import open_table
+
+    assert open_table(index_dir / "energy.lance", int(version)).count_rows() == n_chunks
