@@ -234,7 +234,7 @@ class OIDCVerifier:
             return None
         try:
             key = jwt.PyJWK(jwk, algorithm=allowed[0]).key
-        except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError):
+        except Exception:  # a malformed key is skipped, like an unusable one
             return None
         return kid, _Key(key, tuple(allowed))
 
@@ -266,7 +266,7 @@ class OIDCVerifier:
                 raise ProviderUnavailable("JWKS document has no usable signing keys")
         except ProviderUnavailable as exc:
             self._fail(str(exc))
-        except (httpx.HTTPError, ssl.SSLError, OSError, ValueError) as exc:
+        except Exception as exc:  # network, TLS, JSON: all mean "no keys now"
             self._fail(type(exc).__name__)
         self._keys = keys
         self._fetched_at = now
@@ -434,4 +434,7 @@ class Authenticator:
                 return Outcome("invalid")
             except ProviderUnavailable:
                 return Outcome("unavailable")
+            except Exception:  # a verifier fault refuses the token rather than failing open
+                log.exception("bearer token verification failed unexpectedly")
+                return Outcome("invalid")
         return Outcome("invalid")

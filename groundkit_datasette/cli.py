@@ -357,6 +357,8 @@ def eval_command(dataset_dir, collection, index_dir, modes, rerank, reranker, re
         click.echo(json.dumps(report.as_dict(), indent=2))
     else:
         click.echo(format_table(report))
+    if report.failures:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Plugins add more through the ``register_embedders`` hook.
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import re
 import threading
@@ -43,6 +44,27 @@ def get_embedder(name: str = DEFAULT_EMBEDDER, **options: Any) -> Embedder:
     if factory is None:
         known = ", ".join(sorted(factories)) or "none"
         raise EmbedderError(f"unknown embedder {name!r}; known embedders: {known}")
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):
+        signature = None  # not introspectable: let the factory judge
+    if signature is not None:
+        try:
+            signature.bind(**options)
+        except TypeError:
+            params = signature.parameters
+            unknown = sorted(set(options) - set(params))
+            missing = sorted(
+                n for n, p in params.items()
+                if p.default is p.empty and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n not in options
+            )
+            problems = []
+            if unknown:
+                problems.append(f"unknown option(s): {', '.join(unknown)}")
+            if missing:
+                problems.append(f"missing option(s): {', '.join(missing)}")
+            detail = "; ".join(problems) or "bad options"
+            raise EmbedderError(f"embedder {name!r}: {detail}") from None
     return factory(**options)
 
 
@@ -102,6 +124,11 @@ class MiniLMEmbedder(Embedder):
     ``max_length`` defaults to 128 word pieces, the length the model was
     fine-tuned at; longer texts are truncated. Texts are sorted by length
     before batching so each batch pads only to its own longest text.
+
+    ``parallel="batches"`` (default) runs ``threads`` single-threaded batches
+    at once rather than splitting each batch across threads: measured faster
+    for throughput, and much steadier when other processes share the cores.
+    Small batches (8) keep activations in cache; larger ones were slower.
     """
 
     provider = "onnx"
@@ -112,7 +139,7 @@ class MiniLMEmbedder(Embedder):
         self,
         *,
         max_length: int = 128,
-        batch_size: int = 32,
+        batch_size: int = 8,
         threads: int | None = None,
         parallel: str = "batches",
         onnx_path: str | os.PathLike | None = None,

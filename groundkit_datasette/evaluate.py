@@ -228,12 +228,16 @@ def _ranked_chunks(collection, query: str, mode: str, depth: int, vector=None):
 
 
 def _dense_cap(collection, depth: int) -> int:
-    """LanceDB refuses an ANN search for more rows than its ``ef``, which the library fixes."""
+    """LanceDB refuses an ANN search for more rows than its ``ef``, which the library fixes.
+
+    So a dense list over an ANN index may hold fewer than ``depth`` chunks.
+    """
     from . import vectors
 
     ef = getattr(vectors, "ANN_EF", None)
     if collection.manifest.get("ann_index") and ef:
-        return min(depth, int(ef))
+        # The refine factor multiplies the rows asked of the index.
+        return min(depth, int(ef) // max(1, int(getattr(vectors, "ANN_REFINE", 1))))
     return depth
 
 
@@ -272,6 +276,7 @@ class EvalReport:
     depth: int
     started_at: str
     results: list[ModeResult]
+    failures: dict[str, str] = field(default_factory=dict)
     run_ids: list[int] = field(default_factory=list)
 
     def as_dict(self, per_query: bool = False) -> dict:
@@ -356,15 +361,19 @@ def evaluate(
             )
         }
         documents = col.query("SELECT count(*) FROM documents")[0][0]
-        results = [
-            _run_mode(col, dataset, judged, mode, rerank, depth, doc_of_chunk, log) for mode in modes
-        ]
+        results, failures = [], {}
+        for mode in modes:
+            try:
+                results.append(_run_mode(col, dataset, judged, mode, rerank, depth, doc_of_chunk, log))
+            except Exception as exc:  # one broken mode must not hide the others' figures
+                failures[mode] = f"{type(exc).__name__}: {exc}"[:300]
+                log(f"{mode}: failed: {failures[mode]}")
         report = EvalReport(
             dataset=dataset.name, dataset_dir=str(Path(dataset_dir).resolve()), collection=name,
             index_dir=str(index_dir.resolve()), generation=col.generation, documents=documents,
             chunks=len(doc_of_chunk), reused=not ingest_report.published,
             ingest_seconds=round(ingest_seconds, 3), embedder=col.manifest.get("embedder") or "none",
-            depth=depth, started_at=started_at, results=results,
+            depth=depth, started_at=started_at, results=results, failures=failures,
         )
     finally:
         col.close()
@@ -520,6 +529,8 @@ def format_table(report: EvalReport) -> str:
         )
         if r.top10_mismatches:
             lines.append(f"  note: {r.top10_mismatches} queries' public top 10 differed from the depth-{report.depth} run")
+    for mode, error in report.failures.items():
+        lines.append(f"{mode:<14}failed: {error}")
     if report.run_ids:
         lines.append(f"stored as run ids {', '.join(map(str, report.run_ids))}")
     return "\n".join(lines)

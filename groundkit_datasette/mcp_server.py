@@ -331,18 +331,6 @@ async def _send_error(send, exc: Exception) -> None:
     await response.asgi_send(send)
 
 
-def _check_message(body: bytes) -> None:
-    """Refuse a body that is not one JSON-RPC message here, in our words: the SDK's own
-    validation error quotes the offending input back to the caller."""
-    from mcp_types import jsonrpc_message_adapter
-    from pydantic import ValidationError
-
-    try:
-        jsonrpc_message_adapter.validate_json(body)
-    except (ValidationError, ValueError):
-        raise RequestRejected(400, "malformed_request", "the body must be one JSON-RPC message") from None
-
-
 def _replay(body: bytes, receive):
     """A ``receive`` that hands the SDK the body already read, then the client's own messages."""
     sent = False
@@ -369,16 +357,14 @@ _SDK_ERRORS = {
 }
 
 
-def _answers_a_request(body: bytes) -> dict | None:
+def _answers_a_request(body: bytes) -> bool:
     """A JSON-RPC error naming a request id is the protocol's answer to that request
     (clients read it); one without an id is a transport refusal."""
     try:
         data = json.loads(body)
     except ValueError:
-        return None
-    if isinstance(data, dict) and data.get("jsonrpc") == "2.0" and data.get("id") is not None:
-        return data
-    return None
+        return False
+    return isinstance(data, dict) and data.get("jsonrpc") == "2.0" and data.get("id") is not None
 
 
 def _without_error_data(body: bytes) -> bytes:
@@ -412,7 +398,7 @@ def _shaped(send):
                 return
             body = b"".join(chunks)
             status = held["status"]
-            if status >= 400 and _answers_a_request(body) is None:
+            if status >= 400 and not _answers_a_request(body):
                 kind, detail = _SDK_ERRORS.get(status, ("internal_error", "internal error"))
                 await _send_error(send, RequestRejected(status, kind, detail))
                 return
@@ -431,7 +417,8 @@ async def mcp_http_view(datasette, request, scope, receive, send):
     """Datasette route for ``/-/groundkit/mcp``: hands the request to the SDK, responds via ``send``.
 
     The body is read here first, so the 256 KiB limit (by Content-Length and by
-    bytes received) and a malformed message answer in the JSON API's error shape.
+    bytes received) answers in the JSON API's error shape; ``_shaped`` rewrites
+    the SDK's own refusals (its validation errors quote the input back).
     """
     from .plugin import read_body
 
@@ -443,7 +430,6 @@ async def mcp_http_view(datasette, request, scope, receive, send):
     if scope.get("method") == "POST":
         try:
             body = await read_body(receive, request.headers)
-            _check_message(body)
         except RequestRejected as exc:
             await _send_error(send, exc)
             return None

@@ -124,13 +124,16 @@ def test_minilm_missing_files_name_the_package_not_the_path(monkeypatch, tmp_pat
 
 def test_minilm_loads_once_across_threads():
     embedder = MiniLMEmbedder()
+    loads = []
+    find = embedder._model_files
+    embedder._model_files = lambda: loads.append(1) or find()
     results = []
     threads = [threading.Thread(target=lambda: results.append(embedder.embed(["same text"]))) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(results) == 4
+    assert len(results) == 4 and loads == [1]
     for r in results[1:]:
         np.testing.assert_allclose(r, results[0], atol=1e-6)
 
@@ -420,3 +423,10 @@ def test_openai_bad_options(service, options):
     options = {"model": "m", **options}
     with pytest.raises(EmbedderError):
         get_embedder("openai", base_url=service.base_url, allow_private=True, **options)
+
+
+def test_unknown_option_is_an_embedder_error():
+    with pytest.raises(EmbedderError, match="unknown option.*no_such_option"):
+        get_embedder("minilm", no_such_option=1)
+    with pytest.raises(EmbedderError, match="missing option.*base_url"):
+        get_embedder("openai", model="m")

@@ -257,3 +257,93 @@ def test_guarded_client_never_follows_redirects():
     with outbound.guarded_client(5) as client:
         assert client.follow_redirects is False
         assert client.trust_env is False
+
+
+def test_pinned_request_keeps_name_for_host_and_sni():
+    ep = validate_endpoint("https://api.example:8443/v1")
+    with outbound.guarded_client(5) as client:
+        request = outbound._pinned_request(client, "POST", ep, "embeddings", "203.0.113.9", json={}, headers=None)
+        assert str(request.url) == "https://203.0.113.9:8443/v1/embeddings"
+        assert request.headers["Host"] == "api.example:8443"
+        assert request.extensions["sni_hostname"] == "api.example"
+        request = outbound._pinned_request(client, "POST", ep, "embeddings", "2606:4700::1", json={}, headers=None)
+        assert str(request.url).startswith("https://[2606:4700::1]:8443/")
+
+
+class _Server:
+    # A local HTTP server standing in for a remote endpoint.
+    def __init__(self, status, location=None):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.hits = []
+        server_self = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                server_self.hits.append((self.path, self.headers.get("Host")))
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self.send_response(status)
+                if location:
+                    self.send_header("Location", location)
+                body = b'{"ok": true}'
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_guarded_send_sync_and_redirect():
+    from groundkit_datasette.errors import RedirectRefused
+
+    ok, redirect = _Server(200), _Server(307, location="http://169.254.169.254/latest")
+    try:
+        to_local = resolver_for("127.0.0.1")
+        ep = validate_endpoint(f"http://svc.example:{ok.port}/api", allow_private=True)
+        with outbound.guarded_client(5) as client:
+            response = outbound.guarded_send(client, "POST", ep, "rerank", json={}, resolver=to_local)
+            assert response.json() == {"ok": True}
+            assert ok.hits == [("/api/rerank", f"svc.example:{ok.port}")]
+            ep = validate_endpoint(f"http://svc.example:{redirect.port}", allow_private=True)
+            with pytest.raises(RedirectRefused) as error:
+                outbound.guarded_send(client, "POST", ep, "rerank", json={}, resolver=to_local)
+            assert "169.254" not in str(error.value)
+            ep = validate_endpoint(f"https://svc.example:{ok.port}")
+            with pytest.raises(UnsafeEndpoint):
+                outbound.guarded_send(client, "POST", ep, "rerank", json={}, resolver=to_local)
+            assert len(ok.hits) == 1
+    finally:
+        ok.close()
+        redirect.close()
+
+
+async def test_guarded_send_async():
+    from groundkit_datasette.errors import RedirectRefused
+
+    ok, redirect = _Server(200), _Server(302, location="http://10.0.0.1/")
+    try:
+        to_local = resolver_for("127.0.0.1")
+        async with outbound.guarded_async_client(5) as client:
+            ep = validate_endpoint(f"http://svc.example:{ok.port}", allow_private=True)
+            response = await outbound.aguarded_send(client, "POST", ep, "rerank", json={}, resolver=to_local)
+            assert response.status_code == 200
+            ep = validate_endpoint(f"http://svc.example:{redirect.port}", allow_private=True)
+            with pytest.raises(RedirectRefused):
+                await outbound.aguarded_send(client, "POST", ep, "rerank", json={}, resolver=to_local)
+            ep = validate_endpoint(f"https://svc.example:{ok.port}")
+            with pytest.raises(UnsafeEndpoint):
+                await outbound.aguarded_send(client, "POST", ep, "rerank", json={}, resolver=to_local)
+            assert len(ok.hits) == 1
+    finally:
+        ok.close()
+        redirect.close()
