@@ -16,6 +16,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import outbound
+
 from . import plugins
 from .errors import EmbedderError, GroundkitError
 from .hookspecs import hookimpl
@@ -293,7 +295,7 @@ class MiniLMEmbedder(Embedder):
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class OpenAICompatibleEmbedder(Embedder):
+class OpenAICompatibleEmbedder(outbound.GuardedHTTPService, Embedder):
     """``POST {base_url}/embeddings`` as OpenAI, vLLM, Ollama, LiteLLM serve it.
 
     Every request passes the outbound guard. ``allow_private`` is for local
@@ -301,6 +303,9 @@ class OpenAICompatibleEmbedder(Embedder):
     from the environment variable named by ``api_key_env`` at each call, so
     it is never stored on the object.
     """
+
+    _error_class = EmbedderError
+    _key_purpose = "embedding API key"
 
     provider = "openai-compatible"
 
@@ -331,12 +336,9 @@ class OpenAICompatibleEmbedder(Embedder):
         self._endpoint = outbound.validate_endpoint(base_url, allow_private=allow_private)
         self.model_name = model
         self._dimensions = dimensions
-        self.api_key_env = api_key_env
-        self.timeout = float(timeout)
+        self._init_http(timeout=timeout, api_key_env=api_key_env)
         self.batch_size = batch_size
         self._resolver = resolver
-        self._client = None
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"OpenAICompatibleEmbedder(model={self.model_name!r}, endpoint={self._endpoint.url!r})"
@@ -347,35 +349,6 @@ class OpenAICompatibleEmbedder(Embedder):
         if self._dimensions is None:
             self.embed(["dimension probe"])
         return self._dimensions
-
-    def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _http(self):
-        from . import outbound
-
-        with self._lock:
-            if self._client is None:
-                self._client = outbound.guarded_client(self.timeout)
-            return self._client
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if self.api_key_env:
-            key = os.environ.get(self.api_key_env, "").strip()
-            if not key:
-                raise EmbedderError(f"environment variable {self.api_key_env} (the embedding API key) is not set")
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         texts = _check_texts(texts)

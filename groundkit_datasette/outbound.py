@@ -344,3 +344,51 @@ def guarded_client(timeout: float) -> httpx.Client:
 
 def guarded_async_client(timeout: float) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False)
+
+
+class GuardedHTTPService:
+    """Shared plumbing of the HTTP embedder and reranker: one lazily built guarded
+    client, closed on exit, and a Bearer key read from a named environment variable."""
+
+    _error_class = Exception
+    _key_purpose = "API key"
+
+    def _init_http(self, *, timeout, api_key_env) -> None:
+        import threading
+
+        self.timeout = float(timeout)
+        self.api_key_env = api_key_env
+        self._client = None
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _http(self):
+        with self._lock:
+            if self._client is None:
+                self._client = guarded_client(self.timeout)
+            return self._client
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if self.api_key_env:
+            # Read at each call and never stored: rotating the key needs no restart.
+            import os
+
+            key = os.environ.get(self.api_key_env, "").strip()
+            if not key:
+                raise self._error_class(
+                    f"environment variable {self.api_key_env} (the {self._key_purpose}) is not set"
+                )
+            headers["Authorization"] = f"Bearer {key}"
+        return headers

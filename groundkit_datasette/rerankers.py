@@ -17,6 +17,8 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from . import outbound
+
 from . import plugins
 from .errors import GroundkitError, RerankerError
 from .hookspecs import hookimpl
@@ -257,7 +259,7 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _FLAVORS = ("tei", "cohere")
 
 
-class HttpReranker:
+class HttpReranker(outbound.GuardedHTTPService):
     """``POST {base_url}/rerank`` in the TEI or the Cohere (v1/v2) shape.
 
     ``flavor="tei"`` sends ``{"query", "texts"}`` and reads
@@ -272,6 +274,9 @@ class HttpReranker:
     local servers. The API key is read from the environment variable named
     by ``api_key_env`` at each call and never stored on the object.
     """
+
+    _error_class = RerankerError
+    _key_purpose = "rerank API key"
 
     name = "http"
 
@@ -305,43 +310,11 @@ class HttpReranker:
         self.flavor = flavor
         self.model = model
         self.model_name = model or f"{flavor}-server-default"
-        self.api_key_env = api_key_env
-        self.timeout = float(timeout)
+        self._init_http(timeout=timeout, api_key_env=api_key_env)
         self._resolver = resolver
-        self._client = None
-        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"HttpReranker(flavor={self.flavor!r}, model_name={self.model_name!r})"
-
-    def close(self) -> None:
-        with self._lock:
-            if self._client is not None:
-                self._client.close()
-                self._client = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def _http(self):
-        from . import outbound
-
-        with self._lock:
-            if self._client is None:
-                self._client = outbound.guarded_client(self.timeout)
-            return self._client
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"Accept": "application/json"}
-        if self.api_key_env:
-            key = os.environ.get(self.api_key_env, "").strip()
-            if not key:
-                raise RerankerError(f"environment variable {self.api_key_env} (the rerank API key) is not set")
-            headers["Authorization"] = f"Bearer {key}"
-        return headers
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
         texts = _check_inputs(query, texts)
