@@ -162,7 +162,8 @@ def _dense_ranked(collection, vector, depth, allowed):
     q = table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
     q = q.distance_type("cosine").limit(depth).select(["chunk_id", "_distance"])
     if collection.manifest.get("ann_index"):
-        q = q.ef(ANN_EF).refine_factor(ANN_REFINE)
+        # LanceDB needs ef >= the candidates it refines (depth x refine factor).
+        q = q.ef(max(ANN_EF, depth * ANN_REFINE)).refine_factor(ANN_REFINE)
     where = allowed.lance_where() if allowed is not None else None
     if where == "false":
         return []

@@ -72,6 +72,11 @@ def test_ann_index_is_used_past_the_threshold_with_recall_over_095(tmp_path, clu
             hits = col.search(query="x", mode="dense", vector=q.tolist(), top_k=10).hits
             recalls.append(len(exact & {h.chunk_id for h in hits}) / 10)
     assert np.mean(recalls) >= 0.95
+    with Collection.open("big", index_dir=index_dir) as col:
+        # Hybrid asks the ANN index for more candidates than top_k; it must still answer.
+        for mode in ("hybrid", "dense"):
+            response = col.search(query="record batch", mode=mode, top_k=50)
+            assert len(response.hits) == 50
 
 
 def test_small_collections_search_exactly(tmp_path, clustered):
