@@ -168,11 +168,17 @@ def main(argv=None):
             "dense": median_runs(_CHILD_NUMPY.format(path=str(npy)), args.repeats),
         }
         for mode in ("bm25", "dense", "hybrid"):
-            ours = median_runs(
-                _CHILD_OURS.format(root=str(HERE.parent), name=name, index=str(index), query=QUERY, mode=mode),
-                args.repeats,
-            )
             b = base.get(mode)
+            try:
+                ours = median_runs(
+                    _CHILD_OURS.format(root=str(HERE.parent), name=name, index=str(index), query=QUERY, mode=mode),
+                    args.repeats,
+                )
+            except RuntimeError as exc:
+                last = str(exc).strip().splitlines()[-1][:120]
+                rows.append([f"{name} ({size:,})", mode, None, None, None, None, b["wall_s"] if b else None,
+                             "-", f"failed: {last}"])
+                continue
             rows.append([f"{name} ({size:,})", mode, ours["wall_s"], ours["import_s"], ours["open_s"], ours["query_s"],
                          b["wall_s"] if b else None, c.ratio(ours["wall_s"], b["wall_s"]) if b else "-",
                          ("met" if ours["wall_s"] <= 0.5 else "MISSED") if mode == "bm25" else "-"])
