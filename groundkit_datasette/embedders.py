@@ -22,7 +22,7 @@ from . import plugins
 from .errors import EmbedderError, GroundkitError
 from .hookspecs import hookimpl
 
-DEFAULT_EMBEDDER = "minilm"
+from .plugins import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
 
 
 class Embedder:
@@ -72,7 +72,7 @@ def get_embedder(name: str = DEFAULT_EMBEDDER, **options: Any) -> Embedder:
 
 @hookimpl
 def register_embedders(register):
-    register("minilm", MiniLMEmbedder)
+    register(DEFAULT_EMBEDDER, MiniLMEmbedder)
     register("openai", OpenAICompatibleEmbedder)
 
 

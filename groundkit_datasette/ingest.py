@@ -28,6 +28,7 @@ from .acl import ACLResolver
 from .chunking import chunk_text
 from .errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
 from .extract import Skipped, extract_bytes
+from .plugins import DEFAULT_EMBEDDER
 from .names import lance_path, sqlite_path, validate_name
 from .schema import check_stamp, create_schema, read_manifest
 from .vectors import VectorWriter
@@ -323,12 +324,11 @@ class Indexer:
 
     def _bind_embedder(self, conn, manifest: dict):
         """Pick the embedder and check it against the collection's manifest."""
-        from .embedders import DEFAULT_EMBEDDER, get_embedder
-
         bound = manifest.get("embedder")
         name = self.embedder_name
         if name is None:
             name = bound or DEFAULT_EMBEDDER
+        self._resolved_embedder = name
         has_docs = conn.execute("SELECT 1 FROM documents LIMIT 1").fetchone() is not None
         if name == "none":
             if bound and bound != "none":
@@ -337,6 +337,8 @@ class Indexer:
                     "and --embedder none would leave new chunks without vectors"
                 )
             return None, False
+        from .embedders import get_embedder  # not for BM25-only runs: it loads onnxruntime
+
         embedder = get_embedder(name, **self.embedder_options)
         backfill = False
         if bound and bound != "none":
@@ -373,6 +375,7 @@ class Indexer:
         }
         acls = ACLResolver(base)
         terms = bm25.TermTable(conn)
+        self._next_row_id = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
         seen: set[str] = set()
         pending: list[_Prepared] = []
         pending_new_chunks = 0
@@ -497,7 +500,8 @@ class Indexer:
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         conn.execute("SAVEPOINT doc")
         try:
-            conn.execute("DELETE FROM chunks WHERE document_id = ?", (p.document_id,))
+            if not p.is_new:
+                conn.execute("DELETE FROM chunks WHERE document_id = ?", (p.document_id,))
             conn.execute(
                 """INSERT INTO documents(document_id, source, source_class, extractor,
                        extractor_version, title, content_hash, file_hash, char_count, line_count,
@@ -517,20 +521,28 @@ class Indexer:
                     len(ex.page_starts) or None, len(p.chunks), p.acl, generation, now,
                 ),
             )
-            for ch, cid in zip(p.chunks, p.chunk_ids):
-                cur = conn.execute(
-                    """INSERT INTO chunks(chunk_id, document_id, chunk_index, start_offset,
-                           end_offset, line_start, line_end, page_start, page_end, heading,
-                           content, content_hash)
-                       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+            # Row ids are assigned here, so a document's rows go in with two executemany calls.
+            first_id = self._next_row_id
+            conn.executemany(
+                """INSERT INTO chunks(id, chunk_id, document_id, chunk_index, start_offset,
+                       end_offset, line_start, line_end, page_start, page_end, heading,
+                       content, content_hash)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                [
                     (
-                        cid, p.document_id, ch.index, ch.start, ch.end, ch.line_start,
-                        ch.line_end, _page_of(ex.page_starts, ch.start),
+                        first_id + i, cid, p.document_id, ch.index, ch.start, ch.end,
+                        ch.line_start, ch.line_end, _page_of(ex.page_starts, ch.start),
                         _page_of(ex.page_starts, max(ch.end - 1, ch.start)), ch.heading,
                         ch.text, _sha(ch.text),
-                    ),
-                )
-                self._insert_terms(conn, cur.lastrowid, terms, ch)
+                    )
+                    for i, (ch, cid) in enumerate(zip(p.chunks, p.chunk_ids))
+                ],
+            )
+            conn.executemany(
+                "INSERT INTO bm25_chunk_terms(id, length, term_ids, term_freqs) VALUES (?, ?, ?, ?)",
+                [self._term_row(first_id + i, terms, ch) for i, ch in enumerate(p.chunks)],
+            )
+            self._next_row_id = first_id + len(p.chunks)
             conn.execute("RELEASE doc")
         except Exception as exc:
             conn.execute("ROLLBACK TO doc")
@@ -547,12 +559,9 @@ class Indexer:
         self.progress({"event": "document", "source": p.source, "chunks": len(p.chunks)})
         return True
 
-    def _insert_terms(self, conn, row_id, terms, chunk) -> None:
+    def _term_row(self, row_id, terms, chunk) -> tuple:
         length, ids, freqs = terms.encode(bm25.tokenize(embedding_text(chunk.heading, chunk.text)))
-        conn.execute(
-            "INSERT INTO bm25_chunk_terms(id, length, term_ids, term_freqs) VALUES (?, ?, ?, ?)",
-            (row_id, length, ids, freqs),
-        )
+        return row_id, length, ids, freqs
 
     def _write_manifest(self, conn, manifest, embedder, chunker, generation, base):
         values = {
@@ -570,7 +579,7 @@ class Indexer:
                 values["embedder"] = "none"
         else:
             values.update(
-                embedder=self.embedder_name or manifest.get("embedder") or "minilm",
+                embedder=self._resolved_embedder,
                 embedding_provider=embedder.provider,
                 embedding_model=embedder.model_name,
                 embedding_dimensions=str(embedder.dimensions),

@@ -8,6 +8,9 @@ pm = pluggy.PluginManager("groundkit")
 pm.add_hookspecs(hookspecs)
 pm.load_setuptools_entrypoints("groundkit")
 
+# The embedder used when neither the user nor the collection names one.
+DEFAULT_EMBEDDER = "minilm"
+
 _BUILTINS = ("groundkit_datasette.embedders", "groundkit_datasette.rerankers")
 
 

@@ -128,14 +128,14 @@ def test_failure_inside_a_document_keeps_its_previous_state(corpus, index_dir, m
     (corpus / "solar.md").write_text("# Solar\n\nfirst part\n\n## Two\n\nsecond part BROKEN\n")
     (corpus / "notes" / "wind.txt").write_text("Wind is changed too.\n")
 
-    original = Indexer._insert_terms
+    original = Indexer._term_row
 
-    def explode(self, conn, row_id, terms, chunk):
-        if "BROKEN" in chunk.text:  # fails after the document's first chunk was written
+    def explode(self, row_id, terms, chunk):
+        if "BROKEN" in chunk.text:  # fails after the document's chunk rows were written
             raise RuntimeError("disk on fire")
-        return original(self, conn, row_id, terms, chunk)
+        return original(self, row_id, terms, chunk)
 
-    monkeypatch.setattr(Indexer, "_insert_terms", explode)
+    monkeypatch.setattr(Indexer, "_term_row", explode)
     report = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
     assert report.failed == 1 and report.updated == 1
     assert report.failed_files == [("solar.md", "write failed")]
