@@ -16,6 +16,10 @@ K1 = 1.5
 B = 0.75
 
 _WORD = re.compile(r"\w+")
+# A reserved postings row: every chunk row id in content-hash order, the BM25 tie-breaker.
+TIE_ORDER_ID = -1
+# Postings kept in memory per open collection (one published version, so never stale).
+POSTINGS_CACHE_TERMS = 50_000
 
 # English function words: dropped from documents and queries alike.
 STOP_WORDS = frozenset(
@@ -110,6 +114,11 @@ def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B) -> 
             for t, s, e in zip(present, bounds, ends)
         ),
     )
+    tie_order = [r[0] for r in conn.execute("SELECT id FROM chunks ORDER BY content_hash, id")]
+    conn.execute(
+        "INSERT INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, x'')",
+        (TIE_ORDER_ID, np.asarray(tie_order, dtype=np.int32).tobytes()),
+    )
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS _df(term_id INTEGER PRIMARY KEY, n INTEGER)")
     conn.execute("DELETE FROM _df")
     conn.executemany(
@@ -122,26 +131,52 @@ def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B) -> 
     conn.execute("DROP TABLE _df")
 
 
-def score(conn: sqlite3.Connection, query: str) -> tuple[np.ndarray, np.ndarray]:
+def tie_ranks(conn: sqlite3.Connection) -> np.ndarray | None:
+    """``ranks[row id]`` = position of the chunk in content-hash order."""
+    row = conn.execute(
+        "SELECT chunk_ids FROM bm25_postings WHERE term_id = ?", (TIE_ORDER_ID,)
+    ).fetchone()
+    if row is None:
+        return None
+    order = np.frombuffer(row[0], dtype=np.int32)
+    ranks = np.zeros(int(order.max()) + 1 if order.size else 0, dtype=np.int64)
+    ranks[order] = np.arange(order.size)
+    return ranks
+
+
+def score(conn: sqlite3.Connection, query: str, cache: dict | None = None):
     """Return ``(chunk row ids, scores)`` of every chunk matching any query term."""
     terms = sorted(set(tokenize(query)))
     if not terms:
         return np.empty(0, np.int64), np.empty(0, np.float32)
-    marks = ",".join("?" * len(terms))
-    postings = conn.execute(
-        "SELECT p.chunk_ids, p.weights FROM bm25_vocab v JOIN bm25_postings p "
-        f"ON p.term_id = v.term_id WHERE v.term IN ({marks})",
-        terms,
-    ).fetchall()
+    postings = []
+    missing = terms
+    if cache is not None:
+        missing = [t for t in terms if t not in cache]
+    if missing:
+        marks = ",".join("?" * len(missing))
+        found = {t: None for t in missing}
+        for term, ids, weights in conn.execute(
+            "SELECT v.term, p.chunk_ids, p.weights FROM bm25_vocab v JOIN bm25_postings p "
+            f"ON p.term_id = v.term_id WHERE v.term IN ({marks})",
+            missing,
+        ):
+            found[term] = (np.frombuffer(ids, dtype=np.int32), np.frombuffer(weights, dtype=np.float32))
+        if cache is not None:
+            if len(cache) > POSTINGS_CACHE_TERMS:
+                cache.clear()
+            cache.update(found)
+        else:
+            postings = [p for p in found.values() if p is not None]
+    if cache is not None:
+        postings = [cache[t] for t in terms if cache[t] is not None]
     if not postings:
         return np.empty(0, np.int64), np.empty(0, np.float32)
     if len(postings) == 1:
-        ids = np.frombuffer(postings[0][0], dtype=np.int32).astype(np.int64)
-        return ids, np.frombuffer(postings[0][1], dtype=np.float32).copy()
-    id_arrays = [np.frombuffer(p[0], dtype=np.int32) for p in postings]
-    top = max(int(a[-1]) for a in id_arrays if a.size) + 1
+        return postings[0][0].astype(np.int64), postings[0][1].copy()
+    top = max(int(ids[-1]) for ids, _ in postings if ids.size) + 1
     acc = np.zeros(top, dtype=np.float32)
-    for ids, (_, w) in zip(id_arrays, postings):
-        acc[ids] += np.frombuffer(w, dtype=np.float32)
+    for ids, weights in postings:
+        acc[ids] += weights
     hit = np.flatnonzero(acc)
     return hit.astype(np.int64), acc[hit]

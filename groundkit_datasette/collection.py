@@ -69,6 +69,8 @@ class Collection:
         self.generation = int(self.manifest.get("generation", "0"))
         self._vectors = None
         self._vectors_loaded = False
+        self.postings_cache: dict = {}
+        self._tie_ranks = None
         self.base_dir = Path(base_dir) if base_dir is not None else self._manifest_base_dir()
 
     @classmethod
@@ -117,6 +119,14 @@ class Collection:
     def query(self, sql: str, params=()) -> list[tuple]:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
+
+    def tie_ranks(self):
+        """The BM25 tie-break order, read once per open collection (call under ``_lock``)."""
+        if self._tie_ranks is None:
+            from .bm25 import tie_ranks
+
+            self._tie_ranks = (tie_ranks(self._conn),)
+        return self._tie_ranks[0]
 
     @property
     def lance_path(self) -> Path:

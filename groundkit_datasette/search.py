@@ -19,7 +19,7 @@ from .errors import (
     RerankerError,
 )
 from .vectors import ANN_EF, ANN_REFINE
-from .models import MAX_TOP_K, ComponentScore, Hit, SearchRequest, SearchResponse
+from .models import MAX_TOP_K, SearchRequest, SearchResponse
 
 # Candidates taken from each list before reciprocal rank fusion.
 HYBRID_DEPTH = 100
@@ -130,7 +130,8 @@ def _allowed(collection, request, access=None) -> Allowed | None:
 def _bm25_ranked(collection, query, depth, allowed):
     """Top ``depth`` as ``[(chunk_id, score)]``; ties broken by chunk content hash."""
     with collection._lock:
-        ids, scores = bm25.score(collection._conn, query)
+        ids, scores = bm25.score(collection._conn, query, collection.postings_cache)
+        ranks = collection.tie_ranks()
     if allowed is not None and ids.size:
         keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
         ids, scores = ids[keep], scores[keep]
@@ -140,6 +141,16 @@ def _bm25_ranked(collection, query, depth, allowed):
         kth = np.partition(scores, ids.size - depth)[ids.size - depth]
         sel = scores >= kth
         ids, scores = ids[sel], scores[sel]
+    if ranks is not None:
+        order = np.lexsort((ranks[ids], -scores))[:depth]
+        ids, scores = ids[order], scores[order]
+        marks = ",".join("?" * ids.size)
+        chunk_ids = dict(
+            collection.query(f"SELECT id, chunk_id FROM chunks WHERE id IN ({marks})",
+                             [int(i) for i in ids])
+        )
+        return [(chunk_ids[int(i)], float(s)) for i, s in zip(ids, scores)]
+    # Collections written before the tie order was stored: look the hashes up.
     marks = ",".join("?" * ids.size)
     meta = dict(
         (r[0], (r[1], r[2]))
@@ -237,7 +248,7 @@ def _hits(collection, ranked, components):
                 "the collection's vectors and chunks disagree; re-run groundkit ingest"
             )
         hits.append(
-            Hit(
+            dict(
                 rank=rank, score=score, chunk_id=cid, document_id=r[1], source=r[2], title=r[3],
                 start_offset=r[4], end_offset=r[5], line_start=r[6], line_end=r[7],
                 page_start=r[8], page_end=r[9], heading=r[10], content=r[11],
@@ -257,7 +268,8 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     depth = MAX_TOP_K if request.rerank else request.top_k
     allowed = _allowed(collection, request, access)
     complete = True
-    components: dict[str, dict[str, ComponentScore]] = {}
+    # Plain dicts: SearchResponse validates every hit in one pass of pydantic-core.
+    components: dict[str, dict[str, dict]] = {}
 
     def timed(label, fn, *args):
         t = time.perf_counter()
@@ -274,13 +286,13 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
             depth if mode == "bm25" else max(depth, HYBRID_DEPTH), allowed,
         )
         for rank, (cid, s) in enumerate(bm25_list, 1):
-            components.setdefault(cid, {})["bm25"] = ComponentScore(rank=rank, score=s)
+            components.setdefault(cid, {})["bm25"] = {"rank": rank, "score": s}
     if mode in ("dense", "hybrid"):
         dense_depth = depth if mode == "dense" else max(depth, HYBRID_DEPTH)
         dense_list = timed("dense_ms", _dense_ranked, collection, vector, dense_depth, allowed)
         complete = _dense_complete(collection, dense_list, dense_depth, allowed)
         for rank, (cid, s) in enumerate(dense_list, 1):
-            components.setdefault(cid, {})["dense"] = ComponentScore(rank=rank, score=s)
+            components.setdefault(cid, {})["dense"] = {"rank": rank, "score": s}
     if mode == "hybrid":
         ranked = _fuse(bm25_list, dense_list)[:depth]
     else:
@@ -332,6 +344,6 @@ def _rerank(collection, query, ranked, components):
     order = sorted(range(len(ids)), key=lambda i: (-float(scores[i]), rows[ids[i]][1]))
     out = []
     for i in order:
-        components.setdefault(ids[i], {})["rerank"] = ComponentScore(score=float(scores[i]))
+        components.setdefault(ids[i], {})["rerank"] = {"score": float(scores[i])}
         out.append((ids[i], float(scores[i])))
     return out, reranker.model_name, len(ids)
