@@ -31,7 +31,7 @@ clean:
 # Installs what the benchmarks compare against (PyTorch 2.13.0 CPU lies on this machine's disk),
 # then runs each script; see benchmarks/README.md.
 bench: $(BIN)/.installed
-	$(BIN)/pip install --quiet 'torch==2.13.0' sentence-transformers bm25s rank_bm25 pytrec-eval-terrier
+	$(BIN)/pip install --quiet 'torch==2.13.0' sentence-transformers bm25s rank_bm25 numba pytrec-eval-terrier
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/bm25.py
 	$(BIN)/python benchmarks/dense.py
