@@ -27,7 +27,7 @@ from . import bm25
 from .acl import ACLResolver
 from .chunking import chunk_text
 from .errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
-from .extract import Skipped, extract_bytes
+from .extract import Skipped, extract_bytes, page_for_offset
 from .plugins import DEFAULT_EMBEDDER
 from .names import lance_path, sqlite_path, validate_name
 from .schema import check_stamp, create_schema, read_manifest
@@ -129,14 +129,6 @@ def chunk_ids_for(document_id: str, chunks) -> list[str]:
 
 def embedding_text(heading: str, text: str) -> str:
     return f"{heading}\n\n{text}" if heading else text
-
-
-def _page_of(page_starts, offset: int) -> int | None:
-    if not page_starts:
-        return None
-    import bisect
-
-    return bisect.bisect_right(page_starts, offset)
 
 
 class Indexer:
@@ -531,8 +523,8 @@ class Indexer:
                 [
                     (
                         first_id + i, cid, p.document_id, ch.index, ch.start, ch.end,
-                        ch.line_start, ch.line_end, _page_of(ex.page_starts, ch.start),
-                        _page_of(ex.page_starts, max(ch.end - 1, ch.start)), ch.heading,
+                        ch.line_start, ch.line_end, page_for_offset(ex.page_starts, ch.start),
+                        page_for_offset(ex.page_starts, max(ch.end - 1, ch.start)), ch.heading,
                         ch.text, _sha(ch.text),
                     )
                     for i, (ch, cid) in enumerate(zip(p.chunks, p.chunk_ids))

@@ -360,3 +360,26 @@ def test_only_new_chunk_text_is_embedded_on_reingest(corpus, index_dir):
     from groundkit_datasette.vectors import open_table
 
     assert open_table(index_dir / "energy.lance", int(version)).count_rows() == n_chunks
+
+
+def test_pdf_chunks_keep_their_page_numbers_and_verify(tmp_path, index_dir):
+    from groundkit_datasette.collection import Collection
+
+    from .test_extract import make_pdf
+
+    corpus = tmp_path / "pdfs"
+    corpus.mkdir()
+    (corpus / "report.pdf").write_bytes(
+        make_pdf([["Turbine blades erode at sea."], ["Inspection drones photograph every blade."]])
+    )
+    ingest([corpus], collection="pdfs", index_dir=index_dir, embedder="none", chunk_size=50,
+           chunk_overlap=0)
+    pages = rows(index_dir / "pdfs.sqlite3",
+                 "SELECT content, page_start, page_end FROM chunks ORDER BY chunk_index")
+    by_text = {c.strip(): (ps, pe) for c, ps, pe in pages}
+    assert by_text["Turbine blades erode at sea."] == (1, 1)
+    assert by_text["Inspection drones photograph every blade."] == (2, 2)
+    with Collection.open("pdfs", index_dir=index_dir) as col:
+        hit = col.search(query="drones", mode="bm25").hits[0]
+        assert hit.page_start == 2
+        assert col.fetch_chunk(hit.chunk_id).verification.status == "verified"
