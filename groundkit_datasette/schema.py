@@ -48,7 +48,7 @@ CREATE TABLE chunks (
     content_hash TEXT NOT NULL,
     UNIQUE (document_id, chunk_index)
 );
-CREATE INDEX chunks_document ON chunks(document_id);
+-- UNIQUE (document_id, chunk_index) also serves lookups by document_id.
 
 CREATE VIRTUAL TABLE chunks_fts USING fts5(
     content, heading, content="chunks", content_rowid="id", tokenize='porter unicode61'
