@@ -130,12 +130,15 @@ async def load(base_url: str, fn, queries: list[str], clients: int, total: int, 
     return latencies, errors, elapsed
 
 
-def library(col, mode: str, queries: list[str], clients: int, total: int):
+def library(col, mode: str, queries: list[str], clients: int, total: int, time_limit: float):
     latencies, errors = [], 0
     lock = threading.Lock()
+    deadline = time.monotonic() + time_limit
 
     def one(i):
         nonlocal errors
+        if time.monotonic() > deadline:
+            return
         t = time.perf_counter()
         try:
             col.search(query=queries[i % len(queries)], mode=mode, top_k=10)
@@ -199,7 +202,7 @@ def main(argv=None):
         col.search(query=queries[0], mode=args.mode)
         lib = {}
         for n in levels:
-            lat, err, el = library(col, args.mode, queries, n, args.requests)
+            lat, err, el = library(col, args.mode, queries, n, args.requests, args.time_limit)
             lib[n] = (c.percentile(lat, 0.5), len(lat) / el)
             rows.append(["library Collection.search", n, c.percentile(lat, 0.5), c.percentile(lat, 0.95),
                          len(lat) / el, err, "1.00", "1.00"])
