@@ -19,7 +19,7 @@ import numpy as np
 from . import outbound
 
 from . import plugins
-from .errors import EmbedderError, GroundkitError
+from .errors import EmbedderError
 from .hookspecs import hookimpl
 
 from .plugins import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
@@ -358,34 +358,7 @@ class OpenAICompatibleEmbedder(outbound.GuardedHTTPService, Embedder):
         return np.concatenate(parts, axis=0)
 
     def _embed_batch(self, texts: list[str]) -> np.ndarray:
-        import httpx
-
-        from . import outbound
-
-        body = {"model": self.model_name, "input": texts}
-        try:
-            response = outbound.guarded_send(
-                self._http(),
-                "POST",
-                self._endpoint,
-                "embeddings",
-                json=body,
-                headers=self._headers(),
-                resolver=self._resolver,
-            )
-        except GroundkitError:
-            raise
-        except httpx.TimeoutException:
-            raise EmbedderError("embedding request timed out") from None
-        except httpx.HTTPError as exc:
-            # The exception text can name the address; only its type is safe.
-            raise EmbedderError(f"embedding request failed ({type(exc).__name__})") from None
-        if response.status_code != 200:
-            raise EmbedderError(f"embedding endpoint replied HTTP {response.status_code}")
-        try:
-            payload = response.json()
-        except ValueError:
-            raise EmbedderError("embedding endpoint reply was not JSON") from None
+        payload = self._post_json("embeddings", {"model": self.model_name, "input": texts}, "embedding")
         return self._parse(payload, len(texts))
 
     def _parse(self, payload: Any, expected: int) -> np.ndarray:

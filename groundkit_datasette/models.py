@@ -70,9 +70,9 @@ class ComponentScore(Response):
     score: float
 
 
-class Hit(Response):
-    rank: int
-    score: float
+class Citation(Response):
+    """Where a chunk's text lies in its source: shared by search hits and fetched chunks."""
+
     chunk_id: str
     document_id: str
     source: str
@@ -85,6 +85,11 @@ class Hit(Response):
     page_end: int | None = None
     heading: str
     content: str
+
+
+class Hit(Citation):
+    rank: int
+    score: float
     components: dict[str, ComponentScore] = Field(default_factory=dict)
 
 
@@ -101,20 +106,8 @@ class SearchResponse(Response):
     hits: list[Hit]
 
 
-class ChunkCitation(Response):
-    chunk_id: str
-    document_id: str
+class ChunkCitation(Citation):
     chunk_index: int
-    source: str
-    title: str | None
-    start_offset: int
-    end_offset: int
-    line_start: int
-    line_end: int
-    page_start: int | None = None
-    page_end: int | None = None
-    heading: str
-    content: str
     content_hash: str
 
 

@@ -379,6 +379,38 @@ class GuardedHTTPService:
                 self._client = guarded_client(self.timeout)
             return self._client
 
+    def _post_json(self, suffix: str, body: dict, what: str):
+        """POST ``body`` to the endpoint's ``suffix`` through the guard; the reply's JSON.
+
+        Failures raise ``_error_class`` with a message naming ``what`` and at most a
+        status code or an exception type: never the URL, the key or the reply body.
+        """
+        import httpx
+
+        from .errors import GroundkitError
+
+        try:
+            response = guarded_send(
+                self._http(), "POST", self._endpoint, suffix, json=body,
+                headers=self._headers(), resolver=self._resolver,
+            )
+        except GroundkitError:
+            raise
+        except httpx.TimeoutException:
+            raise self._error_class(f"{what} request timed out") from None
+        except httpx.HTTPError as exc:
+            # The exception text can name the address; only its type is safe.
+            raise self._error_class(f"{what} request failed ({type(exc).__name__})") from None
+        try:
+            if response.status_code != 200:
+                raise self._error_class(f"{what} endpoint replied HTTP {response.status_code}")
+            try:
+                return response.json()
+            except ValueError:
+                raise self._error_class(f"{what} endpoint reply was not JSON") from None
+        finally:
+            response.close()
+
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
         if self.api_key_env:

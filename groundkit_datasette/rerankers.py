@@ -20,7 +20,7 @@ import numpy as np
 from . import outbound
 
 from . import plugins
-from .errors import GroundkitError, RerankerError
+from .errors import RerankerError
 from .hookspecs import hookimpl
 
 
@@ -332,36 +332,7 @@ class HttpReranker(outbound.GuardedHTTPService):
         return body
 
     def _score_batch(self, query: str, texts: list[str]) -> list[float]:
-        import httpx
-
-        from . import outbound
-
-        try:
-            response = outbound.guarded_send(
-                self._http(),
-                "POST",
-                self._endpoint,
-                "rerank",
-                json=self._body(query, texts),
-                headers=self._headers(),
-                resolver=self._resolver,
-            )
-        except GroundkitError:
-            raise
-        except httpx.TimeoutException:
-            raise RerankerError("rerank request timed out") from None
-        except httpx.HTTPError as exc:
-            # The exception text can name the address; only its type is safe.
-            raise RerankerError(f"rerank request failed ({type(exc).__name__})") from None
-        try:
-            if response.status_code != 200:
-                raise RerankerError(f"rerank endpoint replied HTTP {response.status_code}")
-            try:
-                payload = response.json()
-            except ValueError:
-                raise RerankerError("rerank endpoint reply was not JSON") from None
-        finally:
-            response.close()
+        payload = self._post_json("rerank", self._body(query, texts), "rerank")
         return self._parse(payload, len(texts))
 
     def _parse(self, payload: Any, expected: int) -> list[float]:

@@ -1,12 +1,10 @@
 import fcntl
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +13,7 @@ from groundkit_datasette.errors import CollectionBusy, InvalidCollectionName, In
 from groundkit_datasette.extract import extract_file
 from groundkit_datasette.ingest import Indexer, ingest
 
-from .conftest import snapshot, write_corpus
+from .conftest import snapshot
 
 
 def open_immutable(path):

@@ -1,6 +1,5 @@
 import json
 import logging
-import shutil
 import sys
 from pathlib import Path
 
@@ -12,7 +11,7 @@ from groundkit_datasette.ingest import ingest
 from groundkit_datasette.plugin import MCP_ROUTE, routes_for
 from groundkit_datasette.tools import Tool, all_tools
 
-from .conftest import snapshot, write_corpus
+from .conftest import snapshot
 
 sys.path.insert(0, str(Path(__file__).parent / "plugins"))
 import word_count  # noqa: E402  (a test plugin adding a tool through our hook)
