@@ -7,6 +7,7 @@ file names. Nothing done at open time grows with the corpus.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import threading
@@ -211,8 +212,6 @@ class Collection:
         dense, reason = (embedding is not None), None
         if embedding is None:
             reason = "the collection was built without embeddings"
-        import json
-
         chunker = json.loads(self.manifest["chunker"]) if self.manifest.get("chunker") else None
         return IndexStatus(
             collection=self.name,

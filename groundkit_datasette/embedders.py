@@ -6,7 +6,6 @@ Plugins add more through the ``register_embedders`` hook.
 from __future__ import annotations
 
 import importlib.util
-import inspect
 import os
 import re
 import threading
@@ -41,33 +40,7 @@ class Embedder:
 
 def get_embedder(name: str = DEFAULT_EMBEDDER, **options: Any) -> Embedder:
     """Build the embedder registered as ``name`` with ``options``."""
-    factories = plugins.registered("register_embedders")
-    factory = factories.get(name)
-    if factory is None:
-        known = ", ".join(sorted(factories)) or "none"
-        raise EmbedderError(f"unknown embedder {name!r}; known embedders: {known}")
-    try:
-        signature = inspect.signature(factory)
-    except (TypeError, ValueError):
-        signature = None  # not introspectable: let the factory judge
-    if signature is not None:
-        try:
-            signature.bind(**options)
-        except TypeError:
-            params = signature.parameters
-            unknown = sorted(set(options) - set(params))
-            missing = sorted(
-                n for n, p in params.items()
-                if p.default is p.empty and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD) and n not in options
-            )
-            problems = []
-            if unknown:
-                problems.append(f"unknown option(s): {', '.join(unknown)}")
-            if missing:
-                problems.append(f"missing option(s): {', '.join(missing)}")
-            detail = "; ".join(problems) or "bad options"
-            raise EmbedderError(f"embedder {name!r}: {detail}") from None
-    return factory(**options)
+    return plugins.build("register_embedders", "embedder", name, options, EmbedderError)
 
 
 @hookimpl

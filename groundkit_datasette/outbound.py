@@ -6,7 +6,6 @@ secret, and the service surfaces show ``str(error)`` to callers.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import re
 import socket
@@ -223,19 +222,6 @@ def check_resolved(
     return addresses
 
 
-async def acheck_resolved(
-    host: str,
-    port: int,
-    *,
-    allow_private: bool = False,
-    resolver: Resolver | None = None,
-) -> list[str]:
-    """``check_resolved`` for async code: DNS runs in a worker thread."""
-    return await asyncio.to_thread(
-        check_resolved, host, port, allow_private=allow_private, resolver=resolver
-    )
-
-
 def redact_url(url: str) -> str:
     """``scheme://host[:port]/path`` with credentials, query and fragment removed."""
     try:
@@ -288,36 +274,6 @@ def guarded_send(
     raise last_error
 
 
-async def aguarded_send(
-    client: httpx.AsyncClient,
-    method: str,
-    endpoint: ParsedEndpoint,
-    suffix: str,
-    *,
-    json: object = None,
-    headers: dict[str, str] | None = None,
-    resolver: Resolver | None = None,
-) -> httpx.Response:
-    """``guarded_send`` for an ``httpx.AsyncClient``."""
-    addresses = await acheck_resolved(
-        endpoint.host, endpoint.port, allow_private=endpoint.allow_private, resolver=resolver
-    )
-    last_error: Exception | None = None
-    for address in addresses:
-        request = _pinned_request(client, method, endpoint, suffix, address, json=json, headers=headers)
-        try:
-            response = await client.send(request, follow_redirects=False)
-        except httpx.ConnectError as exc:
-            last_error = exc
-            continue
-        if 300 <= response.status_code < 400:
-            await response.aclose()
-            _refuse_redirect(response.status_code)
-        return response
-    assert last_error is not None
-    raise last_error
-
-
 def _refuse_redirect(status: int) -> None:
     raise RedirectRefused(f"endpoint replied with a redirect (HTTP {status}); redirects are not followed")
 
@@ -340,10 +296,6 @@ def guarded_client(timeout: float) -> httpx.Client:
     somewhere the guard did not check.
     """
     return httpx.Client(timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False)
-
-
-def guarded_async_client(timeout: float) -> httpx.AsyncClient:
-    return httpx.AsyncClient(timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False)
 
 
 class GuardedHTTPService:

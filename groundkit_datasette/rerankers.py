@@ -7,7 +7,6 @@ comparable within one ``score`` call.
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import re
@@ -38,23 +37,7 @@ class Reranker(Protocol):
 
 def get_reranker(name: str, **options: Any) -> Reranker:
     """Build the reranker registered as ``name`` with ``options``."""
-    factories = plugins.registered("register_rerankers")
-    factory = factories.get(name)
-    if factory is None:
-        known = ", ".join(sorted(factories)) or "none"
-        raise RerankerError(f"unknown reranker {name!r}; known rerankers: {known}")
-    # Check the options against the signature so a typo is a clear error,
-    # without catching TypeErrors raised inside the factory itself.
-    try:
-        signature = inspect.signature(factory)
-    except (TypeError, ValueError):
-        signature = None
-    if signature is not None:
-        try:
-            signature.bind(**options)
-        except TypeError as exc:
-            raise RerankerError(f"invalid options for reranker {name!r}: {exc}") from None
-    return factory(**options)
+    return plugins.build("register_rerankers", "reranker", name, options, RerankerError)
 
 
 @hookimpl
