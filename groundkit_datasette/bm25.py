@@ -7,6 +7,7 @@ handful of indexed blob reads and a vector sum.
 
 import re
 import sqlite3
+from collections import Counter
 from array import array
 
 import numpy as np
@@ -50,25 +51,45 @@ def tokenize(text: str) -> list[str]:
 class TermTable:
     """Term ids for one ingest run; new terms are appended to ``bm25_vocab``."""
 
+    # Distinct lower-cased words remembered between chunks; past this the memo starts over.
+    WORD_MEMO_LIMIT = 1_000_000
+
     def __init__(self, conn: sqlite3.Connection):
         self.conn = conn
         self.ids = dict(conn.execute("SELECT term, term_id FROM bm25_vocab"))
         self.next_id = max(self.ids.values(), default=-1) + 1
         self.new_terms: list[tuple[str, int]] = []
+        # word -> term id (-1 for a stop word): each distinct word is stemmed once per run.
+        self._word_ids: dict[str, int] = {}
 
-    def encode(self, tokens: list[str]) -> tuple[int, bytes, bytes]:
+    def _word_id(self, word: str) -> int:
+        if word in STOP_WORDS:
+            return -1
+        term = _stemmer.stemWord(word)
+        tid = self.ids.get(term)
+        if tid is None:
+            tid = self.ids[term] = self.next_id
+            self.next_id += 1
+            self.new_terms.append((term, tid))
+        return tid
+
+    def encode(self, text: str) -> tuple[int, bytes, bytes]:
+        """``(token count, term ids, term frequencies)`` of ``text``, as :func:`tokenize` counts it."""
+        memo = self._word_ids
+        if len(memo) > self.WORD_MEMO_LIMIT:
+            memo.clear()
         counts: dict[int, int] = {}
-        ids = self.ids
-        for tok in tokens:
-            tid = ids.get(tok)
+        length = 0
+        for word, n in Counter(_WORD.findall(text.lower())).items():
+            tid = memo.get(word)
             if tid is None:
-                tid = ids[tok] = self.next_id
-                self.next_id += 1
-                self.new_terms.append((tok, tid))
-            counts[tid] = counts.get(tid, 0) + 1
+                tid = memo[word] = self._word_id(word)
+            if tid >= 0:
+                length += n
+                counts[tid] = counts.get(tid, 0) + n
         term_ids = array("i", sorted(counts))
-        freqs = array("i", (counts[t] for t in term_ids))
-        return len(tokens), term_ids.tobytes(), freqs.tobytes()
+        freqs = array("i", [counts[t] for t in term_ids])
+        return length, term_ids.tobytes(), freqs.tobytes()
 
     def flush(self) -> None:
         if self.new_terms:

@@ -30,7 +30,8 @@ from .errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
 from .extract import Skipped, extract_bytes, page_for_offset
 from .plugins import DEFAULT_EMBEDDER
 from .names import lance_path, sqlite_path, validate_name
-from .schema import check_stamp, create_schema, read_manifest
+from .schema import (check_stamp, create_schema, index_new_chunks, read_manifest,
+                     suspend_fts_trigger)
 from .vectors import VectorWriter
 
 log = logging.getLogger(__name__)
@@ -250,9 +251,14 @@ class Indexer:
             try:
                 conn = self._open_private_copy(work)
                 try:
+                    # One transaction for the run (the copy is private): per-document commits
+                    # would make FTS5 write and merge a segment per document.
+                    conn.execute("BEGIN")
                     changed, vectors = self._run(conn, base, roots, report)
                     if changed:
                         self._finish(conn, vectors)
+                    else:
+                        conn.execute("ROLLBACK")
                     conn.close()
                 except BaseException:
                     conn.close()
@@ -368,6 +374,8 @@ class Indexer:
         acls = ACLResolver(base)
         terms = bm25.TermTable(conn)
         self._next_row_id = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
+        first_new_row = self._next_row_id
+        suspend_fts_trigger(conn)
         seen: set[str] = set()
         pending: list[_Prepared] = []
         pending_new_chunks = 0
@@ -467,6 +475,7 @@ class Indexer:
                 flush()
         flush()
         terms.flush()
+        index_new_chunks(conn, first_new_row)
 
         # Prune documents whose files are gone from a directory root given in this run.
         for root in roots:
@@ -552,7 +561,7 @@ class Indexer:
         return True
 
     def _term_row(self, row_id, terms, chunk) -> tuple:
-        length, ids, freqs = terms.encode(bm25.tokenize(embedding_text(chunk.heading, chunk.text)))
+        length, ids, freqs = terms.encode(embedding_text(chunk.heading, chunk.text))
         return row_id, length, ids, freqs
 
     def _write_manifest(self, conn, manifest, embedder, chunker, generation, base):
@@ -584,7 +593,6 @@ class Indexer:
 
     def _finish(self, conn, vectors) -> None:
         self.progress({"event": "postings"})
-        conn.execute("BEGIN")
         bm25.rebuild_postings(conn)
         if vectors is not None:
             version = vectors.commit()

@@ -13,6 +13,14 @@ from .errors import NotACollection, SchemaMismatch
 APPLICATION_ID = 0x474B4453
 SCHEMA_VERSION = 1
 
+# Keeps chunks_fts in step with rows inserted by hand. Ingest lifts it for its run and indexes
+# the new rows in one statement, which is several times faster than a trigger per row.
+FTS_INSERT_TRIGGER = """
+CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_fts(rowid, content, heading) VALUES (new.id, new.content, new.heading);
+END;
+"""
+
 DDL = """
 CREATE TABLE documents (
     document_id TEXT PRIMARY KEY,
@@ -53,9 +61,6 @@ CREATE TABLE chunks (
 CREATE VIRTUAL TABLE chunks_fts USING fts5(
     content, heading, content="chunks", content_rowid="id", tokenize='porter unicode61'
 );
-CREATE TRIGGER chunks_ai AFTER INSERT ON chunks BEGIN
-    INSERT INTO chunks_fts(rowid, content, heading) VALUES (new.id, new.content, new.heading);
-END;
 CREATE TRIGGER chunks_ad AFTER DELETE ON chunks BEGIN
     INSERT INTO chunks_fts(chunks_fts, rowid, content, heading)
     VALUES ('delete', old.id, old.content, old.heading);
@@ -93,9 +98,23 @@ INTERNAL_TABLES = ("bm25_chunk_terms", "bm25_vocab", "bm25_postings", "groundkit
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    conn.executescript(DDL)
+    conn.executescript(DDL + FTS_INSERT_TRIGGER)
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def suspend_fts_trigger(conn: sqlite3.Connection) -> None:
+    conn.execute("DROP TRIGGER IF EXISTS chunks_ai")
+
+
+def index_new_chunks(conn: sqlite3.Connection, first_id: int) -> None:
+    """Add chunks with row id >= ``first_id`` to ``chunks_fts`` and restore the trigger."""
+    conn.execute(
+        "INSERT INTO chunks_fts(rowid, content, heading) "
+        "SELECT id, content, heading FROM chunks WHERE id >= ?",
+        (first_id,),
+    )
+    conn.execute(FTS_INSERT_TRIGGER)
 
 
 def immutable_uri(path: Path) -> str:

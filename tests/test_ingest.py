@@ -108,6 +108,41 @@ def test_reingest_is_incremental(corpus, index_dir):
     assert rows(path, "SELECT count(*) FROM bm25_vocab WHERE term = 'permiss'") == [(1,)]
 
 
+def fts_is_consistent(path, tmp_path) -> bool:
+    """FTS5's integrity check, with rank 1 comparing the index against the chunks table."""
+    import shutil
+    import sqlite3
+
+    copy = tmp_path / "fts-check.sqlite3"
+    shutil.copyfile(path, copy)
+    conn = sqlite3.connect(copy)
+    try:
+        conn.execute("INSERT INTO chunks_fts(chunks_fts, rank) VALUES ('integrity-check', 1)")
+        return True
+    except sqlite3.DatabaseError:
+        return False
+    finally:
+        conn.close()
+
+
+def test_full_text_index_matches_the_chunks_across_incremental_runs(corpus, index_dir, tmp_path):
+    # Ingest indexes new rows in one statement rather than through the per-row trigger.
+    path = index_dir / "energy.sqlite3"
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert fts_is_consistent(path, tmp_path)
+    (corpus / "notes" / "wind.txt").write_text("Turbines whistle in gales.\n\nAnd hum at dusk.\n")
+    (corpus / "notes" / "calc.py").unlink()
+    (corpus / "tides.md").write_text("# Tides\n\nLagoons store the tide.\n")
+    report = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert (report.added, report.updated, report.removed) == (1, 1, 1)
+    assert fts_is_consistent(path, tmp_path)
+    assert rows(path, "SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH 'lagoons OR gales'") == [(2,)]
+    # The published file keeps the trigger, so rows added by hand are indexed too.
+    assert rows(path, "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name") == [
+        ("chunks_ad",), ("chunks_ai",)
+    ]
+
+
 def test_pruning_is_limited_to_the_roots_given(corpus, index_dir):
     ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
     (corpus / "solar.md").unlink()

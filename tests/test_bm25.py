@@ -1,0 +1,49 @@
+import sqlite3
+from array import array
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from groundkit_datasette import bm25, schema
+
+WORDS = st.sampled_from(
+    ["the", "Running", "runs", "ran", "and", "café", "naïve", "ÉTÉ", "x1", "42", "don't", "rivers",
+     "river", "Fluß", "İstanbul", "ﬁle", "über", "s", "a"]
+)
+TEXT = st.one_of(
+    st.lists(WORDS, max_size=40).map(" ".join),
+    st.text(max_size=300),
+)
+
+
+def decode(table: bm25.TermTable, term_ids: bytes, freqs: bytes) -> Counter:
+    names = {tid: term for term, tid in table.ids.items()}
+    return Counter({names[t]: f for t, f in zip(array("i", term_ids), array("i", freqs))})
+
+
+@settings(max_examples=300, deadline=None)
+@given(texts=st.lists(TEXT, min_size=1, max_size=5))
+def test_ingest_encoding_counts_what_the_query_tokenizer_sees(texts):
+    # Ingest memoises words across chunks; a query is tokenized afresh. They must agree.
+    conn = sqlite3.connect(":memory:")
+    schema.create_schema(conn)
+    table = bm25.TermTable(conn)
+    for text in texts:
+        length, term_ids, freqs = table.encode(text)
+        tokens = bm25.tokenize(text)
+        assert length == len(tokens)
+        assert decode(table, term_ids, freqs) == Counter(tokens)
+        assert list(array("i", term_ids)) == sorted(array("i", term_ids))
+
+
+def test_term_ids_are_stable_within_a_run_and_new_terms_are_recorded():
+    conn = sqlite3.connect(":memory:")
+    schema.create_schema(conn)
+    table = bm25.TermTable(conn)
+    _, first, _ = table.encode("rivers flow")
+    _, again, _ = table.encode("river flows")  # same stems, same ids
+    assert first == again
+    table.flush()
+    assert dict(conn.execute("SELECT term, term_id FROM bm25_vocab")) == table.ids
+    assert set(table.ids) == {"river", "flow"}
