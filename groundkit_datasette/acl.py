@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sqlite3
 import threading
 from dataclasses import dataclass
@@ -92,10 +93,23 @@ class ACLResolver:
     def __init__(self, base: Path):
         self.base = Path(base).resolve()
         self._directories: dict[Path, tuple[str | None, str | None]] = {}
+        self._listings: dict[Path, frozenset[str]] = {}
+
+    def _present(self, path: Path) -> bool:
+        # One listing per directory instead of two stats per document (the tree is not
+        # expected to change during a run; a file that vanishes reads as unreadable).
+        listing = self._listings.get(path.parent)
+        if listing is None:
+            try:
+                listing = frozenset(os.listdir(path.parent))
+            except OSError:
+                listing = frozenset()
+            self._listings[path.parent] = listing
+        return path.name in listing
 
     def _read_file(self, path: Path) -> str | None:
         """The normalized list in an ACL file, None if absent; InvalidACL if unusable."""
-        if not path.exists() and not path.is_symlink():
+        if not self._present(path):
             return None
         real = path.resolve()
         if real != self.base and self.base not in real.parents:

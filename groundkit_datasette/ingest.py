@@ -16,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import sqlite3
 import time
@@ -164,6 +165,7 @@ class Indexer:
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
         self.exclude = tuple(DEFAULT_EXCLUDES) + tuple(exclude)
+        self._exclude_pattern = re.compile("|".join(fnmatch.translate(g) for g in self.exclude))
         self.progress = progress or (lambda event: None)
         self.ann_threshold = ann_threshold
 
@@ -194,49 +196,57 @@ class Indexer:
 
     def _excluded(self, rel: str) -> bool:
         name = rel.rsplit("/", 1)[-1]
-        return any(fnmatch.fnmatch(name, g) or fnmatch.fnmatch(rel, g) for g in self.exclude)
+        match = self._exclude_pattern.match
+        return match(name) is not None or match(rel) is not None
 
     def _walk(self, base: Path, root: Path, report: IngestReport):
-        """Yield ``(source, real_path)`` for files under ``root`` that stay inside ``base``."""
+        """Yield ``(source, real_path)`` for files under ``root`` that stay inside ``base``.
 
-        def consider(path: Path):
-            rel = path.relative_to(base).as_posix() if path != base else path.name
-            if self._excluded(rel):
+        Order is deterministic: a directory's files by name, then its subdirectories by name.
+        """
+
+        def symlink(path: Path, rel: str):
+            target = path.resolve()
+            if target != base and base not in target.parents:
+                report.skip(rel, "symlink outside base directory")
+                log.warning("refused symlink leaving the base directory: %s", rel)
                 return None
-            if path.is_symlink():
-                target = path.resolve()
-                if target != base and base not in target.parents:
-                    report.skip(rel, "symlink outside base directory")
-                    log.warning("refused symlink leaving the base directory: %s", rel)
-                    return None
-                if target.is_dir():
-                    report.skip(rel, "symlinked directory not followed")
-                    return None
-                return rel, target
-            return rel, path
+            if target.is_dir():
+                report.skip(rel, "symlinked directory not followed")
+                return None
+            return rel, target
 
         if root.is_file():
-            item = consider(root)
-            if item:
-                yield item
-            return
-        for dirpath, dirnames, filenames in os.walk(root):
-            dpath = Path(dirpath)
-            keep = []
-            for d in sorted(dirnames):
-                sub = dpath / d
-                rel = sub.relative_to(base).as_posix()
-                if self._excluded(rel):
-                    continue
-                if sub.is_symlink():
-                    consider(sub)
-                    continue
-                keep.append(d)
-            dirnames[:] = keep
-            for f in sorted(filenames):
-                item = consider(dpath / f)
+            rel = root.relative_to(base).as_posix() if root != base else root.name
+            if not self._excluded(rel):
+                item = symlink(root, rel) if root.is_symlink() else (rel, root)
                 if item:
                     yield item
+            return
+
+        def visit(directory: str, prefix: str):
+            # os.scandir: file types come with the directory listing, no stat per file.
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
+            subdirs = []
+            for entry in entries:
+                rel = prefix + entry.name
+                if self._excluded(rel):
+                    continue
+                if entry.is_symlink():
+                    item = symlink(Path(entry.path), rel)
+                    if item:
+                        yield item
+                elif entry.is_dir():
+                    subdirs.append((entry.path, rel + "/"))
+                elif entry.is_file():
+                    yield rel, Path(entry.path)
+                else:
+                    report.skip(rel, "not a regular file")
+            for path, sub_prefix in subdirs:
+                yield from visit(path, sub_prefix)
+
+        yield from visit(str(root), "" if root == base else root.relative_to(base).as_posix() + "/")
 
     # -- the run -----------------------------------------------------------
 

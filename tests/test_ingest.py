@@ -249,6 +249,24 @@ def test_symlink_leaving_the_base_is_refused_and_reported(tmp_path, corpus, inde
                 "SELECT count(*) FROM documents WHERE source = 'inside.txt'") == [(1,)]
 
 
+def test_walk_order_excludes_and_special_files(corpus, index_dir):
+    os.mkfifo(corpus / "notes" / "pipe.txt")  # reading it would block the run
+    (corpus / "notes" / "deep").mkdir()
+    (corpus / "notes" / "deep" / "a.txt").write_text("Deep water.\n")
+    (corpus / "notes" / "z.txt").write_text("Zinc.\n")
+    (corpus / "build").mkdir()
+    (corpus / "build" / "out.txt").write_text("Generated.\n")
+    (corpus / "solar.md.bak").write_text("Old copy.\n")
+    report = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none",
+                    exclude=["build", "*.bak"])
+    assert ("notes/pipe.txt", "not a regular file") in report.skipped_files
+    sources = [r[0] for r in rows(index_dir / "energy.sqlite3",
+                                  "SELECT source FROM documents ORDER BY rowid")]
+    # A directory's files by name, then its subdirectories; excluded names pruned.
+    assert sources == ["solar.md", "notes/calc.py", "notes/hydro.html", "notes/wind.txt",
+                       "notes/z.txt", "notes/deep/a.txt"]
+
+
 def test_paths_outside_the_base_dir_are_refused(tmp_path, corpus, index_dir):
     other = tmp_path / "other"
     other.mkdir()
