@@ -77,7 +77,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpora", default=",".join(c.CORPORA))
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--embed-sample", type=int, default=1000, help="chunks per corpus for the embedding comparison")
+    ap.add_argument("--embed-sample", type=int, default=1000,
+                    help="chunks per corpus for the embedding comparison (0 skips it)")
     ap.add_argument("--full-embed-ingest", default="cranfield",
                     help="corpora to also ingest end to end with embeddings ('' for none)")
     ap.add_argument("--work")
@@ -99,6 +100,9 @@ def main(argv=None):
     print(c.table(["corpus", "chunks", "ours", "bm25s index", "ratio", "target >= 5000"], rows))
 
     # -- embeddings --------------------------------------------------------------------
+    if args.embed_sample <= 0:
+        print("\n(embedding comparison skipped: --embed-sample 0)")
+        return
     import numpy as np
     import torch
     from sentence_transformers import SentenceTransformer

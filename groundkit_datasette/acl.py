@@ -93,19 +93,21 @@ class ACLResolver:
     def __init__(self, base: Path):
         self.base = Path(base).resolve()
         self._directories: dict[Path, tuple[str | None, str | None]] = {}
-        self._listings: dict[Path, frozenset[str]] = {}
+        self._listings: dict[str, frozenset[str]] = {}
+        self._by_directory: dict[str, tuple[str | None, str | None]] = {}
 
     def _present(self, path: Path) -> bool:
         # One listing per directory instead of two stats per document (the tree is not
         # expected to change during a run; a file that vanishes reads as unreadable).
-        listing = self._listings.get(path.parent)
+        directory, name = os.path.split(path)
+        listing = self._listings.get(directory)
         if listing is None:
             try:
-                listing = frozenset(os.listdir(path.parent))
+                listing = frozenset(os.listdir(directory))
             except OSError:
                 listing = frozenset()
-            self._listings[path.parent] = listing
-        return path.name in listing
+            self._listings[directory] = listing
+        return name in listing
 
     def _read_file(self, path: Path) -> str | None:
         """The normalized list in an ACL file, None if absent; InvalidACL if unusable."""
@@ -142,16 +144,20 @@ class ACLResolver:
     def for_document(self, source: str, data: bytes) -> str | None:
         """The document's canonical access list (None: unrestricted). Never raises."""
         try:
-            if Path(source).suffix.lower() in _MARKDOWN:
+            if os.path.splitext(source)[1].lower() in _MARKDOWN:
                 head = data[: MAX_FRONT_MATTER_CHARS * 4].decode("utf-8", errors="replace")
                 matter = front_matter(head.lstrip("\ufeff"))
                 if matter is not None and FRONT_MATTER_KEY in matter:
                     return normalize(matter[FRONT_MATTER_KEY])
-            path = self.base / source
-            sidecar = self._read_file(path.with_name(path.name + SIDECAR_SUFFIX))
+            path = os.path.join(self.base, source)
+            sidecar = self._read_file(Path(path + SIDECAR_SUFFIX))
             if sidecar is not None:
                 return sidecar
-            acl, error = self._directory(path.parent)
+            directory = os.path.dirname(path)
+            found = self._by_directory.get(directory)
+            if found is None:
+                found = self._by_directory[directory] = self._directory(Path(directory))
+            acl, error = found
             if error is not None:
                 raise InvalidACL(error)
             return acl

@@ -113,6 +113,22 @@ def _sha(data: bytes | str) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+class _savepoint:
+    """All or nothing for the statements inside (nested in the run's transaction)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def __enter__(self):
+        self.conn.execute("SAVEPOINT write")
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None:
+            self.conn.execute("ROLLBACK TO write")
+        self.conn.execute("RELEASE write")
+        return False
+
+
 def document_id_for(source: str) -> str:
     return "d_" + _sha(source)[:20]
 
@@ -416,15 +432,14 @@ class Indexer:
                     return
                 new_vectors = dict(zip(ids, embedded))
                 report.chunks_embedded += len(ids)
-            for p in pending:
-                if self._write_document(conn, p, terms, generation, report):
-                    changed = True
-                    if vectors is not None:
-                        vectors.replace_document(
-                            p.document_id,
-                            [(cid, new_vectors[cid]) for cid in p.chunk_ids if cid in new_vectors],
-                            keep_ids=p.chunk_ids,
-                        )
+            for p in self._write_documents(conn, pending, terms, generation, report):
+                changed = True
+                if vectors is not None:
+                    vectors.replace_document(
+                        p.document_id,
+                        [(cid, new_vectors[cid]) for cid in p.chunk_ids if cid in new_vectors],
+                        keep_ids=p.chunk_ids,
+                    )
             pending, pending_new_chunks = [], 0
 
         files = [item for root in roots for item in self._walk(base, root, report)]
@@ -506,69 +521,97 @@ class Indexer:
         report.generation = generation if changed else int(manifest.get("generation", "0"))
         return changed, vectors
 
-    def _write_document(self, conn, p: _Prepared, terms, generation, report) -> bool:
-        ex = p.extracted
-        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        conn.execute("SAVEPOINT doc")
+    def _write_documents(self, conn, batch: list[_Prepared], terms, generation, report) -> list[_Prepared]:
+        """Write a batch of documents; return those written.
+
+        The batch goes in under one savepoint. If that fails, each document is
+        retried under its own, so a bad document costs only itself and keeps its
+        previous rows.
+        """
         try:
-            if not p.is_new:
-                conn.execute("DELETE FROM chunks WHERE document_id = ?", (p.document_id,))
-            conn.execute(
-                """INSERT INTO documents(document_id, source, source_class, extractor,
-                       extractor_version, title, content_hash, file_hash, char_count, line_count,
-                       page_count, chunk_count, acl, generation, ingested_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-                   ON CONFLICT(document_id) DO UPDATE SET
-                       source_class=excluded.source_class, extractor=excluded.extractor,
-                       extractor_version=excluded.extractor_version, title=excluded.title,
-                       content_hash=excluded.content_hash, file_hash=excluded.file_hash,
-                       char_count=excluded.char_count, line_count=excluded.line_count,
-                       page_count=excluded.page_count, chunk_count=excluded.chunk_count,
-                       acl=excluded.acl, generation=excluded.generation,
-                       ingested_at=excluded.ingested_at""",
+            with _savepoint(conn):
+                self._insert_documents(conn, batch, terms, generation)
+            written = batch
+        except Exception:
+            written = []
+            for p in batch if len(batch) > 1 else ():
+                try:
+                    with _savepoint(conn):
+                        self._insert_documents(conn, [p], terms, generation)
+                    written.append(p)
+                except Exception as exc:
+                    report.failed += 1
+                    report.failed_files.append((p.source, "write failed"))
+                    log.error("writing %s failed, its previous state is kept: %s",
+                              p.source, type(exc).__name__)
+            if len(batch) == 1:
+                report.failed += 1
+                report.failed_files.append((batch[0].source, "write failed"))
+                log.error("writing %s failed, its previous state is kept", batch[0].source)
+        for p in written:
+            if p.is_new:
+                report.added += 1
+            else:
+                report.updated += 1
+            report.chunks_written += len(p.chunks)
+            self.progress({"event": "document", "source": p.source, "chunks": len(p.chunks)})
+        return written
+
+    def _insert_documents(self, conn, batch: list[_Prepared], terms, generation) -> None:
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        conn.executemany(
+            "DELETE FROM chunks WHERE document_id = ?",
+            [(p.document_id,) for p in batch if not p.is_new],
+        )
+        conn.executemany(
+            """INSERT INTO documents(document_id, source, source_class, extractor,
+                   extractor_version, title, content_hash, file_hash, char_count, line_count,
+                   page_count, chunk_count, acl, generation, ingested_at)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT(document_id) DO UPDATE SET
+                   source_class=excluded.source_class, extractor=excluded.extractor,
+                   extractor_version=excluded.extractor_version, title=excluded.title,
+                   content_hash=excluded.content_hash, file_hash=excluded.file_hash,
+                   char_count=excluded.char_count, line_count=excluded.line_count,
+                   page_count=excluded.page_count, chunk_count=excluded.chunk_count,
+                   acl=excluded.acl, generation=excluded.generation,
+                   ingested_at=excluded.ingested_at""",
+            [
                 (
-                    p.document_id, p.source, ex.source_class, ex.extractor, ex.extractor_version,
-                    ex.title, _sha(ex.text), p.file_hash, len(ex.text), ex.text.count("\n") + 1,
-                    len(ex.page_starts) or None, len(p.chunks), p.acl, generation, now,
-                ),
-            )
-            # Row ids are assigned here, so a document's rows go in with two executemany calls.
-            first_id = self._next_row_id
-            conn.executemany(
-                """INSERT INTO chunks(id, chunk_id, document_id, chunk_index, start_offset,
-                       end_offset, line_start, line_end, page_start, page_end, heading,
-                       content, content_hash)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-                [
-                    (
-                        first_id + i, cid, p.document_id, ch.index, ch.start, ch.end,
-                        ch.line_start, ch.line_end, page_for_offset(ex.page_starts, ch.start),
-                        page_for_offset(ex.page_starts, max(ch.end - 1, ch.start)), ch.heading,
-                        ch.text, _sha(ch.text),
-                    )
-                    for i, (ch, cid) in enumerate(zip(p.chunks, p.chunk_ids))
-                ],
-            )
-            conn.executemany(
-                "INSERT INTO bm25_chunk_terms(id, length, term_ids, term_freqs) VALUES (?, ?, ?, ?)",
-                [self._term_row(first_id + i, terms, ch) for i, ch in enumerate(p.chunks)],
-            )
-            self._next_row_id = first_id + len(p.chunks)
-            conn.execute("RELEASE doc")
-        except Exception as exc:
-            conn.execute("ROLLBACK TO doc")
-            conn.execute("RELEASE doc")
-            report.failed += 1
-            report.failed_files.append((p.source, "write failed"))
-            log.error("writing %s failed, its previous state is kept: %s", p.source, type(exc).__name__)
-            return False
-        if p.is_new:
-            report.added += 1
-        else:
-            report.updated += 1
-        report.chunks_written += len(p.chunks)
-        self.progress({"event": "document", "source": p.source, "chunks": len(p.chunks)})
-        return True
+                    p.document_id, p.source, p.extracted.source_class, p.extracted.extractor,
+                    p.extracted.extractor_version, p.extracted.title, _sha(p.extracted.text),
+                    p.file_hash, len(p.extracted.text), p.extracted.text.count("\n") + 1,
+                    len(p.extracted.page_starts) or None, len(p.chunks), p.acl, generation, now,
+                )
+                for p in batch
+            ],
+        )
+        # Row ids are assigned here (not by SQLite), so the term rows can name them.
+        rows = []
+        next_id = self._next_row_id
+        for p in batch:
+            pages = p.extracted.page_starts
+            for ch, cid in zip(p.chunks, p.chunk_ids):
+                rows.append((
+                    next_id, cid, p.document_id, ch.index, ch.start, ch.end, ch.line_start,
+                    ch.line_end, page_for_offset(pages, ch.start),
+                    page_for_offset(pages, max(ch.end - 1, ch.start)), ch.heading, ch.text,
+                    _sha(ch.text),
+                ))
+                next_id += 1
+        conn.executemany(
+            """INSERT INTO chunks(id, chunk_id, document_id, chunk_index, start_offset,
+                   end_offset, line_start, line_end, page_start, page_end, heading,
+                   content, content_hash)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+            rows,
+        )
+        chunks = (ch for p in batch for ch in p.chunks)
+        conn.executemany(
+            "INSERT INTO bm25_chunk_terms(id, length, term_ids, term_freqs) VALUES (?, ?, ?, ?)",
+            [self._term_row(row[0], terms, ch) for row, ch in zip(rows, chunks)],
+        )
+        self._next_row_id = next_id
 
     def _term_row(self, row_id, terms, chunk) -> tuple:
         length, ids, freqs = terms.encode(embedding_text(chunk.heading, chunk.text))

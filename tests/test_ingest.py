@@ -190,18 +190,27 @@ def test_kill_during_ingest_leaves_the_published_file_whole(tmp_path, index_dir)
         (corpus / f"doc{i:05d}.txt").write_text(
             "\n\n".join(f"Paragraph {j} of document {i} about topic {i % 17}." for j in range(30))
         )
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "groundkit_datasette.cli", "ingest", str(corpus),
-         "--collection", "big", "--index-dir", str(index_dir), "--embedder", "none"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    # The child stops itself part-way through the documents (a fast ingest could otherwise
+    # finish before a timed kill), says so, and is killed there.
+    script = (
+        "import sys, time\n"
+        "from groundkit_datasette.ingest import Indexer\n"
+        "written = 0\n"
+        "def progress(event):\n"
+        "    global written\n"
+        "    if event['event'] == 'document':\n"
+        "        written += 1\n"
+        "        if written == 1000:\n"
+        "            print('mid-run', flush=True)\n"
+        "            time.sleep(120)\n"
+        "Indexer('big', index_dir=sys.argv[2], embedder='none', progress=progress)"
+        ".ingest([sys.argv[1]])\n"
     )
-    # Wait until the private copy exists, i.e. the run is mid-way, then kill it.
-    deadline = time.monotonic() + 60
-    while not list(index_dir.glob(".big.sqlite3.ingest-*")):
-        assert proc.poll() is None, proc.stderr.read()
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    time.sleep(0.3)
+    proc = subprocess.Popen([sys.executable, "-c", script, str(corpus), str(index_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    assert line.strip() == "mid-run", proc.stderr.read()
+    assert list(index_dir.glob(".big.sqlite3.ingest-*"))  # the private copy is being written
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert path.read_bytes() == before
