@@ -20,6 +20,7 @@ from ..logs import install_access_log_filter
 from ..tools import Tool, all_tools
 from ..access import actor_from_request, asgi_wrapper, permission_allowed  # noqa: F401  (hooks)
 from ..datasette_mcp_bridge import register_mcp_tools  # noqa: F401  (datasette-mcp's hook)
+from .live_database import CollectionDatabase, follow_collections
 from .ui_hooks import render_cell, table_actions  # noqa: F401  (hookimpls must be attributes here)
 
 log = logging.getLogger("groundkit")
@@ -159,6 +160,7 @@ def startup(datasette):
     startup_checks(settings)
 
     async def inner():
+        follow_collections(datasette)
         if settings.index_dir is not None:
             attach_index_dir(datasette, settings.index_dir)
         # Not awaited: Datasette starts serving while models load in the background.
@@ -169,8 +171,6 @@ def startup(datasette):
 
 def attach_index_dir(datasette, index_dir: Path) -> list[str]:
     """Add every collection in ``index_dir`` as an immutable database."""
-    from datasette.database import Database
-
     from ..collection import list_collections
 
     added = []
@@ -178,7 +178,7 @@ def attach_index_dir(datasette, index_dir: Path) -> list[str]:
         if name in datasette.databases:
             continue
         path = Path(index_dir) / f"{name}.sqlite3"
-        datasette.add_database(Database(datasette, path=str(path), is_mutable=False), name=name)
+        datasette.add_database(CollectionDatabase(datasette, path), name=name)
         added.append(name)
     return added
 

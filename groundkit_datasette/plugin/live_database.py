@@ -1,0 +1,96 @@
+"""Datasette's own pages follow a re-ingest without a restart.
+
+Datasette keeps one ``immutable=1`` connection per executor thread and
+database. Ingest publishes by rename (adr/0002), so a connection opened
+before the publish keeps reading the old file. A thread that connects later
+reads the new one, so different requests would disagree until a restart.
+``CollectionDatabase`` stats the file before each query (one ``stat``).
+After a publish, every thread reconnects on its next query, and the cached
+table counts are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+from datasette.database import Database
+
+from ..collection import FileIdentity
+from ..schema import immutable_uri, is_collection_file
+
+
+def _identity(path) -> FileIdentity | None:
+    try:
+        return FileIdentity.of(Path(path))
+    except OSError:
+        return None  # gone: keep serving what is open; never create a file by connecting
+
+
+class CollectionDatabase(Database):
+    """An immutable Datasette database whose file an ingest may replace by rename."""
+
+    def __init__(self, ds, path):
+        super().__init__(ds, path=str(path), is_mutable=False)
+        self._identity = _identity(path)
+        self._epoch = 0
+        self._local = threading.local()
+
+    def connect(self, write=False):
+        assert not write, "collections are served read-only"
+        import sqlite3
+
+        # mode=ro as well as immutable=1: a missing file is an error, not a new empty file.
+        conn = sqlite3.connect(immutable_uri(Path(self.path)), uri=True, check_same_thread=False)
+        self._all_file_connections.append(conn)
+        return conn
+
+    def _current_epoch(self) -> int:
+        identity = _identity(self.path)
+        if identity is not None and identity != self._identity:
+            self._identity = identity
+            self._epoch += 1
+            self.cached_hash = None
+            self.cached_size = None
+            self._cached_table_counts = None
+        return self._epoch
+
+    def _connection(self, epoch: int):
+        local = self._local
+        conn = getattr(local, "conn", None)
+        if conn is None or local.epoch != epoch:
+            if conn is not None:  # only this thread ever used it
+                conn.close()
+                try:
+                    self._all_file_connections.remove(conn)
+                except ValueError:
+                    pass
+            conn = self.connect()
+            self.ds._prepare_connection(conn, self.name)
+            local.conn, local.epoch = conn, epoch
+        return conn
+
+    async def execute_fn(self, fn):
+        epoch = self._current_epoch()
+        if self.ds.executor is None:  # Datasette's non-threaded mode
+            return fn(self._connection(epoch))
+        return await asyncio.get_running_loop().run_in_executor(
+            self.ds.executor, lambda: fn(self._connection(epoch))
+        )
+
+
+def follow_collections(datasette) -> list[str]:
+    """Serve every immutable collection database through ``CollectionDatabase``."""
+    swapped = []
+    for name, db in list(datasette.databases.items()):
+        if isinstance(db, CollectionDatabase) or db.is_mutable or db.is_memory or not db.path:
+            continue
+        if not is_collection_file(Path(db.path)):
+            continue
+        route = db.route
+        datasette.remove_database(name)
+        datasette.add_database(CollectionDatabase(datasette, db.path), name=name, route=route)
+        db.close()
+        swapped.append(name)
+    return swapped

@@ -1,0 +1,73 @@
+import asyncio
+import sqlite3
+import time
+
+from datasette.app import Datasette
+from datasette.database import Database
+
+from groundkit_datasette.ingest import ingest
+from groundkit_datasette.plugin.live_database import CollectionDatabase
+
+
+def serve(*immutables):
+    # Three SQL threads (Datasette's default), each keeping its own connection per database.
+    return Datasette(files=[], immutables=[str(p) for p in immutables],
+                     settings={"num_sql_threads": 3})
+
+
+async def per_thread_answers(db, sql):
+    """Run ``sql`` once on each SQL thread: the sleeps keep all three busy at once."""
+    import threading
+
+    def fn(conn):
+        time.sleep(0.1)
+        return threading.get_ident(), conn.execute(sql).fetchone()[0]
+
+    answers = await asyncio.gather(*[db.execute_fn(fn) for _ in range(6)])
+    assert len({ident for ident, _ in answers}) == 3  # every thread answered
+    return {value for _, value in answers}
+
+
+async def test_datasette_pages_follow_a_reingest_on_every_thread(corpus, index_dir):
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    path = index_dir / "energy.sqlite3"
+    ds = serve(path)
+    r = await ds.client.get("/energy/chunks.json?_search=flywheels&_shape=array")
+    assert r.status_code == 200 and r.json() == []
+    db = ds.get_database("energy")
+    assert isinstance(db, CollectionDatabase)
+    before = await per_thread_answers(db, "SELECT count(*) FROM documents")
+    assert before == {4}
+    # A generous time limit: Datasette's page default (10 ms) gives None on a busy machine.
+    assert (await db.table_counts(limit=1000))["documents"] == 4
+
+    (corpus / "tides.md").write_text("# Tides\n\nFlywheels and lagoons store energy.\n")
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+
+    # Every thread had a connection to the replaced file; each now reads the new one.
+    assert await per_thread_answers(db, "SELECT count(*) FROM documents") == {5}
+    responses = await asyncio.gather(
+        *[ds.client.get("/energy/chunks.json?_search=flywheels&_shape=array") for _ in range(6)]
+    )
+    assert all(len(r.json()) == 1 for r in responses)
+    assert (await db.table_counts(limit=1000))["documents"] == 5  # the cached counts were dropped
+
+
+async def test_other_databases_are_left_alone_and_nothing_is_created(corpus, index_dir, tmp_path):
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    plain = tmp_path / "plain.db"
+    conn = sqlite3.connect(plain)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    path = index_dir / "energy.sqlite3"
+    ds = serve(path, plain)
+    assert (await ds.client.get("/plain.json")).status_code == 200
+    assert type(ds.get_database("plain")) is Database
+    assert isinstance(ds.get_database("energy"), CollectionDatabase)
+
+    # A collection deleted while served: reading never creates an empty file in its place.
+    path.unlink()
+    await ds.client.get("/energy/documents.json")
+    await asyncio.gather(*[ds.client.get("/energy/chunks.json") for _ in range(6)])
+    assert not path.exists()
