@@ -1,6 +1,7 @@
-"""Keep query text out of the HTTP server's access log."""
+"""Access logging: our one line per call, and no query text in the HTTP server's log."""
 
 import logging
+import sys
 
 
 class RedactQueryStrings(logging.Filter):
@@ -23,3 +24,37 @@ def install_access_log_filter() -> None:
     logger = logging.getLogger("uvicorn.access")
     if not any(isinstance(f, RedactQueryStrings) for f in logger.filters):
         logger.addFilter(RedactQueryStrings())
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after start-up)."""
+
+    def __init__(self):
+        super().__init__()
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
+def install_call_log() -> None:
+    """Print ``groundkit.access`` lines to stderr with a plain handler of their own.
+
+    Without one, the INFO lines reach only the root logger. That shows nothing by
+    default (Python's last-resort handler starts at WARNING). When the MCP SDK
+    installs its ``rich`` root handler, each line costs about 2 ms per call. A
+    logger that already has handlers is left as its owner configured it.
+    """
+    logger = logging.getLogger("groundkit.access")
+    if logger.handlers:
+        return
+    handler = _StderrHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s groundkit %(message)s"))
+    logger.addHandler(handler)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.INFO)
+    logger.propagate = False

@@ -290,12 +290,46 @@ async def test_forbidden_collection_looks_missing(collection, corpus):
 
 async def test_access_log_has_one_line_per_call_and_never_the_query(ds, caplog):
     caplog.set_level(logging.DEBUG, logger="groundkit")
-    await post_json(ds, "/energy/-/groundkit/search.json", {"query": "zeppelin-secret-topic"})
+    await ds.invoke_startup()
+    access = logging.getLogger("groundkit.access")  # it does not propagate: see logs.py
+    access.addHandler(caplog.handler)
+    try:
+        await post_json(ds, "/energy/-/groundkit/search.json", {"query": "zeppelin-secret-topic"})
+    finally:
+        access.removeHandler(caplog.handler)
     lines = [r for r in caplog.records if r.name == "groundkit.access"]
     assert len(lines) == 1
     message = lines[0].getMessage()
     assert "tool=search" in message and "status=200" in message and "request_id=" in message
     assert all("zeppelin" not in r.getMessage() for r in caplog.records if r.levelno >= logging.INFO)
+
+
+async def test_call_lines_go_to_stderr_with_a_plain_handler_of_their_own(ds, capfd):
+    await ds.invoke_startup()
+    access = logging.getLogger("groundkit.access")
+    assert access.propagate is False
+    # Exactly one of ours (pytest's capture handlers may sit beside it).
+    assert [type(h).__name__ for h in access.handlers].count("_StderrHandler") == 1
+    capfd.readouterr()
+    await post_json(ds, "/energy/-/groundkit/search.json", {"query": "batteries"})
+    out, err = capfd.readouterr()
+    assert "tool=search" in err and "status=200" in err and "tool=search" not in out
+    assert "batteries" not in err
+
+
+def test_a_configured_call_logger_is_left_alone():
+    from groundkit_datasette.logs import install_call_log
+
+    logger = logging.getLogger("groundkit.access")
+    saved = (logger.handlers[:], logger.propagate, logger.level)
+    mine = logging.NullHandler()
+    logger.handlers[:] = [mine]
+    logger.propagate = True
+    try:
+        install_call_log()
+        assert logger.handlers == [mine] and logger.propagate is True
+    finally:
+        logger.handlers[:], logger.propagate, logger.level = saved
 
 
 def test_uvicorn_access_log_never_records_groundkit_query_strings():

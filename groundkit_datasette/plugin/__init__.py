@@ -16,7 +16,7 @@ from datasette.utils.asgi import Response
 
 from .. import service
 from ..service import MalformedBody, RequestRejected, Settings, ToolContext, call_tool, map_exception
-from ..logs import install_access_log_filter
+from ..logs import install_access_log_filter, install_call_log
 from ..tools import Tool, all_tools
 from ..access import actor_from_request, asgi_wrapper, permission_allowed  # noqa: F401  (hooks)
 from ..datasette_mcp_bridge import register_mcp_tools  # noqa: F401  (datasette-mcp's hook)
@@ -155,6 +155,7 @@ def skip_csrf(datasette, scope):
 def startup(datasette):
     settings = settings_for(datasette)  # fails start-up on unknown settings
     install_access_log_filter()
+    install_call_log()
     from ..access import startup_checks
 
     startup_checks(settings)
