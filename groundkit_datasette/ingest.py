@@ -442,7 +442,8 @@ class Indexer:
                     )
             pending, pending_new_chunks = [], 0
 
-        files = [item for root in roots for item in self._walk(base, root, report)]
+        # Overlapping paths (a directory and a file inside it) name a file once.
+        files = list({item[0]: item for root in roots for item in self._walk(base, root, report)}.values())
         self.progress({"event": "start", "total": len(files)})
         for done, (source, real) in enumerate(files, 1):
             seen.add(source)

@@ -276,6 +276,13 @@ def test_walk_order_excludes_and_special_files(corpus, index_dir):
                        "notes/z.txt", "notes/deep/a.txt"]
 
 
+def test_overlapping_paths_ingest_each_file_once(corpus, index_dir):
+    report = ingest([corpus, corpus / "notes" / "wind.txt", corpus / "notes"], collection="energy",
+                    index_dir=index_dir, embedder="none")
+    assert (report.added, report.failed) == (4, 0)
+    assert rows(index_dir / "energy.sqlite3", "SELECT count(*) FROM documents") == [(4,)]
+
+
 def test_paths_outside_the_base_dir_are_refused(tmp_path, corpus, index_dir):
     other = tmp_path / "other"
     other.mkdir()

@@ -21,6 +21,10 @@ from ..collection import FileIdentity
 from ..schema import immutable_uri, is_collection_file
 
 
+# What Datasette's own start-up allows for counting an immutable database's tables.
+COUNT_LIMIT_MS = 60 * 60 * 1000
+
+
 def _identity(path) -> FileIdentity | None:
     try:
         return FileIdentity.of(Path(path))
@@ -70,6 +74,14 @@ class CollectionDatabase(Database):
             self.ds._prepare_connection(conn, self.name)
             local.conn, local.epoch = conn, epoch
         return conn
+
+    async def table_counts(self, limit=10):
+        # Datasette counts an immutable database's tables once, at start-up, with an hour's
+        # limit, and caches the result. A fresh version gets the same treatment: the
+        # database page's 10 ms limit would cache a None for every table that was slower.
+        if self.cached_table_counts is None:
+            limit = max(limit, COUNT_LIMIT_MS)
+        return await super().table_counts(limit=limit)
 
     async def execute_fn(self, fn):
         epoch = self._current_epoch()
