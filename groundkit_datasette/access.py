@@ -128,6 +128,21 @@ def _paths(scope) -> list[str]:
     return [p.partition("?")[0] for p in out]
 
 
+# Datasette's database list names each database's file path on the server.
+_DATABASE_LIST = re.compile(r"/-/databases(\.json)?/?")
+
+
+def _strip_base_url(datasette, path: str) -> str:
+    base_url = datasette.setting("base_url") or "/"
+    if base_url != "/" and path.startswith(base_url):
+        return "/" + path[len(base_url) :]
+    return path
+
+
+def is_database_list(datasette, scope) -> bool:
+    return any(_DATABASE_LIST.fullmatch(_strip_base_url(datasette, p)) for p in _paths(scope))
+
+
 def is_guarded(datasette, scope) -> bool:
     paths = _paths(scope)
     if any(GUARD_MARK in p for p in paths):
@@ -143,9 +158,7 @@ def _names_collection(datasette, path: str) -> bool:
     from .plugin import registry_for, settings_for
     from .schema import is_collection_file
 
-    base_url = datasette.setting("base_url") or "/"
-    if base_url != "/" and path.startswith(base_url):
-        path = "/" + path[len(base_url) :]
+    path = _strip_base_url(datasette, path)
     segment = path.lstrip("/").split("/", 1)[0]
     if not segment or segment == "-":
         return False
@@ -278,6 +291,26 @@ async def refusal(datasette, scope, receive) -> tuple[tuple[int, str, str], dict
     return None, scope
 
 
+_DATABASE_LIST_HIDDEN = (
+    403,
+    "forbidden",
+    "on a published server the database list, which shows file paths, is only for the root actor",
+)
+
+
+async def database_list_refusal(datasette, scope, receive):
+    """``/-/databases`` gets the guard of a collection page; when published, it is root's only."""
+    from .plugin import settings_for
+
+    refused, scope = await refusal(datasette, scope, receive)
+    if refused is not None or not settings_for(datasette).allow_remote_access:
+        return refused, scope
+    actor = await _any_actor(datasette, scope, receive)
+    if isinstance(actor, dict) and actor.get("id") == "root":
+        return None, scope
+    return _DATABASE_LIST_HIDDEN, scope
+
+
 async def send_refusal(scope, send, status: int, kind: str, detail: str) -> None:
     request_id = uuid.uuid4().hex
     access_log.info("request_id=%s refused status=%s error=%s", request_id, status, kind)
@@ -304,7 +337,14 @@ async def send_refusal(scope, send, status: int, kind: str, detail: str) -> None
 def asgi_wrapper(datasette):
     def wrap(app):
         async def groundkit_access(scope, receive, send):
-            if scope.get("type") not in ("http", "websocket") or not is_guarded(datasette, scope):
+            if scope.get("type") not in ("http", "websocket"):
+                return await app(scope, receive, send)
+            if is_database_list(datasette, scope):
+                refused, scope = await database_list_refusal(datasette, scope, receive)
+                if refused is not None:
+                    return await send_refusal(scope, send, *refused)
+                return await app(scope, receive, send)
+            if not is_guarded(datasette, scope):
                 return await app(scope, receive, send)
             refused, scope = await refusal(datasette, scope, receive)
             if refused is not None:

@@ -274,6 +274,34 @@ async def test_published_server_with_a_token_and_any_host(built):
             assert r.status_code == (404 if name == "chunk" else 200), (name, r.text[:200])
 
 
+async def test_the_database_list_with_its_file_paths_is_guarded(built):
+    path = str(built[1] / "energy.sqlite3")
+    # Loopback: the local user sees it.
+    r = await make_ds(built).client.get("/-/databases.json")
+    assert r.status_code == 200 and any(d["path"] == path for d in r.json())
+    # Loopback only, but reached from outside or under a rebound name: refused like our routes.
+    async with client_for(make_ds(built), "http://192.0.2.7") as client:
+        r = await client.get("/-/databases.json")
+        assert r.status_code == 403 and r.json()["error"] == "remote_access_disabled"
+    r = await make_ds(built).client.get("/-/databases.json", headers={"host": "evil.example"})
+    assert r.status_code == 403 and r.json()["error"] == "host_not_allowed"
+
+    # Published: an authenticated actor is not enough; Datasette's root actor is.
+    ds = make_ds(built, allow_remote_access=True,
+                 tokens=[{"id": "ci-bot", "sha256": hash_token("s3cret-token-value")}])
+    async with client_for(ds, "http://192.0.2.7") as client:
+        for page in ("/-/databases.json", "/-/databases"):
+            r = await client.get(page, headers={"authorization": "Bearer s3cret-token-value"})
+            assert r.status_code == 403 and path not in r.text
+            assert r.json()["error"] == "forbidden"
+        assert (await client.get("/-/databases.json")).status_code == 401
+        root = {"ds_actor": ds.sign({"a": {"id": "root"}}, "actor")}
+        r = await client.get("/-/databases.json", cookies=root)
+        assert r.status_code == 200 and any(d["path"] == path for d in r.json())
+        # Datasette's other instance pages stay as Datasette decides.
+        assert (await client.get("/-/versions.json")).status_code == 200
+
+
 async def test_anonymous_publishing_is_explicit_and_logged(built, caplog):
     ds = make_ds(built, allow_remote_access=True, allow_anonymous=True)
     with caplog.at_level(logging.WARNING, logger="groundkit"):
