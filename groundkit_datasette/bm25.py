@@ -99,6 +99,28 @@ class TermTable:
             self.new_terms = []
 
 
+def idf_of(n, df):
+    """BM25's IDF (the Lucene form, never negative) of a term in ``df`` of ``n`` chunks."""
+    return np.log1p((n - df + 0.5) / (df + 0.5))
+
+
+def without_hidden(postings, hidden: np.ndarray, total: int):
+    """Re-weight each term's postings as if the ``hidden`` chunk rows were not there.
+
+    A reader's scores then depend on what it may read, not on how often a term
+    occurs in documents hidden from it. Only IDF is redone: the stored weights
+    keep the average chunk length of the whole collection.
+    """
+    visible = total - hidden.size
+    out = []
+    for ids, weights in postings:
+        df = ids.size
+        df_visible = df - int(np.count_nonzero(np.isin(ids, hidden, assume_unique=True)))
+        factor = idf_of(visible, df_visible) / idf_of(total, df)
+        out.append((ids, weights * np.float32(factor)))
+    return out
+
+
 def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B) -> None:
     """Recompute every posting weight from ``bm25_chunk_terms`` (vectorised)."""
     rows = conn.execute(
@@ -117,7 +139,7 @@ def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B) -> 
     avgdl = max(lengths.mean(), 1e-9)
     vocab_size = int(term_ids.max()) + 1 if term_ids.size else 0
     df = np.bincount(term_ids, minlength=vocab_size)
-    idf = np.log1p((n - df + 0.5) / (df + 0.5))
+    idf = idf_of(n, df)
     dl = np.repeat(lengths, per_chunk)
     weights = idf[term_ids] * freqs * (k1 + 1) / (freqs + k1 * (1 - b + b * dl / avgdl))
     owner = np.repeat(chunk_ids, per_chunk)
@@ -165,8 +187,13 @@ def tie_ranks(conn: sqlite3.Connection) -> np.ndarray | None:
     return ranks
 
 
-def score(conn: sqlite3.Connection, query: str, cache: dict | None = None):
-    """Return ``(chunk row ids, scores)`` of every chunk matching any query term."""
+def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
+          hidden: np.ndarray | None = None, total: int | None = None):
+    """Return ``(chunk row ids, scores)`` of every chunk matching any query term.
+
+    ``hidden`` (sorted chunk row ids a reader may not see) and ``total`` (chunks in the
+    collection) compute IDF over the rest; see :func:`without_hidden`.
+    """
     terms = sorted(set(tokenize(query)))
     if not terms:
         return np.empty(0, np.int64), np.empty(0, np.float32)
@@ -193,6 +220,8 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None):
         postings = [cache[t] for t in terms if cache[t] is not None]
     if not postings:
         return np.empty(0, np.int64), np.empty(0, np.float32)
+    if hidden is not None and hidden.size and total:
+        postings = without_hidden(postings, hidden, total)
     if len(postings) == 1:
         return postings[0][0].astype(np.int64), postings[0][1].copy()
     top = max(int(ids[-1]) for ids, _ in postings if ids.size) + 1

@@ -72,6 +72,7 @@ class Collection:
         self._vectors_loaded = False
         self.postings_cache: dict = {}
         self._tie_ranks = None
+        self._chunk_total = None
         self.base_dir = Path(base_dir) if base_dir is not None else self._manifest_base_dir()
 
     @classmethod
@@ -120,6 +121,12 @@ class Collection:
     def query(self, sql: str, params=()) -> list[tuple]:
         with self._lock:
             return self._conn.execute(sql, params).fetchall()
+
+    def chunk_total(self) -> int:
+        """Chunks in this version, as BM25 counted them (call under ``_lock``)."""
+        if self._chunk_total is None:
+            self._chunk_total = self._conn.execute("SELECT count(*) FROM bm25_chunk_terms").fetchone()[0]
+        return self._chunk_total
 
     def tie_ranks(self):
         """The BM25 tie-break order, read once per open collection (call under ``_lock``)."""

@@ -86,6 +86,9 @@ class Allowed:
     rows: np.ndarray  # sorted chunk row ids
     documents: list[str]
     exclude: bool = False
+    # Sorted row ids hidden by the reader's permissions (not by the request's filters):
+    # BM25 computes IDF without them.
+    hidden: np.ndarray | None = None
 
     def mask(self, ids: np.ndarray) -> np.ndarray:
         return np.isin(ids, self.rows, invert=self.exclude)
@@ -107,14 +110,15 @@ def _allowed(collection, request, access=None) -> Allowed | None:
         access = None
     if not clauses and access is None:
         return None
-    if not clauses:
-        hidden = list(access.hidden_documents)
+    hidden_rows = None
+    if access is not None:
         rows = collection.query(
             "SELECT id FROM chunks WHERE document_id IN (SELECT value FROM json_each(?))",
-            [json.dumps(hidden)],
+            [json.dumps(list(access.hidden_documents))],
         )
-        ids = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
-        return Allowed(ids, hidden, exclude=True)
+        hidden_rows = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+    if not clauses:
+        return Allowed(hidden_rows, list(access.hidden_documents), exclude=True, hidden=hidden_rows)
     if access is not None:
         clauses.append(access.sql)
         params += list(access.params)
@@ -124,13 +128,15 @@ def _allowed(collection, request, access=None) -> Allowed | None:
         params,
     )
     ids = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
-    return Allowed(ids, sorted({r[1] for r in rows}))
+    return Allowed(ids, sorted({r[1] for r in rows}), hidden=hidden_rows)
 
 
 def _bm25_ranked(collection, query, depth, allowed):
     """Top ``depth`` as ``[(chunk_id, score)]``; ties broken by chunk content hash."""
+    hidden = allowed.hidden if allowed is not None else None
     with collection._lock:
-        ids, scores = bm25.score(collection._conn, query, collection.postings_cache)
+        total = collection.chunk_total() if hidden is not None else None
+        ids, scores = bm25.score(collection._conn, query, collection.postings_cache, hidden, total)
         ranks = collection.tie_ranks()
     if allowed is not None and ids.size:
         keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot

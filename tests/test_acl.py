@@ -321,6 +321,40 @@ def test_unscoped_python_api_reads_everything_and_a_corrupt_list_hides_the_docum
         assert scoped.status().documents == len(acls(index_dir, "plain")) - 1
 
 
+def test_keyword_scores_do_not_depend_on_hidden_documents(tmp_path):
+    """BM25's IDF for a reader is computed without the chunks hidden from it."""
+
+    def build(name, secret_text):
+        corpus = tmp_path / name
+        (corpus / "hr").mkdir(parents=True)
+        (corpus / "hr" / ".groundkit-acl.json").write_text(json.dumps({"groups": ["hr"]}))
+        (corpus / "hr" / "secret.txt").write_text(secret_text)
+        (corpus / "public.txt").write_text("The aurora appeared over the fjord at night.\n")
+        for i in range(6):
+            (corpus / f"pad{i}.txt").write_text(f"Harbour notes number {i} about ferries and tides.\n")
+        ingest([corpus], collection=name, index_dir=tmp_path / "index", embedder="none")
+        return Collection.open(name, index_dir=tmp_path / "index")
+
+    # The two hidden documents have the same length; only one mentions the query term.
+    with build("mentions", "Aurora aurora borealis memo.\n") as a, \
+            build("silent", "Zenith zenith borealis memo.\n") as b:
+        def score(col, reader):
+            view = col if reader is None else ScopedCollection(col, reader)
+            hits = view.search(SearchRequest(query="aurora", mode="bm25", top_k=5)).hits
+            return {h.source: h.score for h in hits}
+
+        anonymous = Reader(None, frozenset())
+        seen_a, seen_b = score(a, anonymous), score(b, anonymous)
+        assert set(seen_a) == set(seen_b) == {"public.txt"}
+        assert seen_a["public.txt"] == pytest.approx(seen_b["public.txt"], rel=1e-6)
+        # Unscoped (the operator) the hidden mention does move the public score: the test
+        # above would catch a leak.
+        assert score(a, None)["public.txt"] < score(b, None)["public.txt"] * 0.99
+        # A reader who may see the memo gets the collection-wide figures.
+        hr = Reader("ann", frozenset({"hr"}))
+        assert score(a, hr) == pytest.approx(score(a, None), rel=1e-6)
+
+
 def test_reader_from_actor():
     assert Reader.from_actor(None) == Reader(None, frozenset())
     assert Reader.from_actor({"id": 7, "groups": ["a", 1, None]}) == Reader("7", frozenset({"a"}))
