@@ -269,7 +269,12 @@ def collections(index_dir, as_json):
               help="Where fetch_chunk re-reads sources to verify citations.")
 @click.option("--metadata", "-m", type=click.File("r"),
               help="Datasette metadata (YAML or JSON), e.g. permissions and plugins.groundkit settings.")
-def mcp(index_dir, base_dir, metadata):
+@click.option("--as-user", "as_user", metavar="ID",
+              help="Answer as this Datasette actor id (default: anonymous). Permissions and "
+                   "document access lists apply to it.")
+@click.option("--group", "groups", multiple=True, metavar="NAME",
+              help="A group of that actor, for document access lists (repeatable).")
+def mcp(index_dir, base_dir, metadata, as_user, groups):
     """Serve the collections as MCP tools over stdio (for Claude Desktop, IDEs and other clients)."""
     # stdout carries JSON-RPC frames only: claim it before anything else can write to it.
     from .mcp_server import claim_stdout
@@ -299,6 +304,14 @@ def mcp(index_dir, base_dir, metadata):
     plugins["groundkit"] = settings
     config["plugins"] = plugins
 
+    # Chosen by whoever launches the process, who can read the files anyway: this scopes
+    # what an agent on the other end sees, it does not grant anything.
+    actor = None
+    if as_user or groups:
+        actor = {"groups": sorted(set(groups)), "auth": "stdio"}
+        if as_user:
+            actor["id"] = as_user
+
     async def serve():
         # The same configuration path as `datasette serve`: our startup hook attaches
         # every collection in index_dir as an immutable database.
@@ -307,7 +320,7 @@ def mcp(index_dir, base_dir, metadata):
             await datasette.invoke_startup()
         except ValueError as exc:  # unknown plugin settings: say so, without a traceback
             raise click.ClickException(str(exc)) from None
-        await run_stdio(datasette, stdout=wire)
+        await run_stdio(datasette, stdout=wire, actor=actor)
 
     try:
         asyncio.run(serve())

@@ -195,8 +195,11 @@ def _package_version() -> str:
         return "0"
 
 
-def build_server(datasette, *, surface: str) -> Server:
-    """A low-level MCP server whose tools are exactly ``all_tools()``."""
+def build_server(datasette, *, surface: str, actor: dict | None = None) -> Server:
+    """A low-level MCP server whose tools are exactly ``all_tools()``.
+
+    ``actor`` answers calls that carry none (stdio); over HTTP each request brings its own.
+    """
     table = {tool.name: tool for tool in all_tools()}
     listed = [mcp_tool(tool) for tool in table.values()]
     schemas = {t.name: t.input_schema for t in listed}
@@ -208,7 +211,7 @@ def build_server(datasette, *, surface: str) -> Server:
         tool = table.get(params.name)
         if tool is None:
             raise MCPError(types.INVALID_PARAMS, "unknown tool")
-        return await answer_call(datasette, tool, params.arguments, _actor(ctx), surface)
+        return await answer_call(datasette, tool, params.arguments, _actor(ctx) or actor, surface)
 
     return Server(
         "groundkit",
@@ -239,15 +242,18 @@ def claim_stdout() -> io.TextIOBase:
     return open(wire_fd, "w", encoding="utf-8", newline="\n", closefd=True)
 
 
-async def run_stdio(datasette, *, stdout: io.TextIOBase | None = None) -> None:
-    """Serve the tool table over stdio until stdin closes; the caller is the local user (actor None).
+async def run_stdio(datasette, *, stdout: io.TextIOBase | None = None, actor: dict | None = None) -> None:
+    """Serve the tool table over stdio until stdin closes.
+
+    The caller is whoever launched the process; it is anonymous unless ``actor``
+    names the Datasette actor to answer as (permissions and access lists apply).
 
     Pass the stream from :func:`claim_stdout` as ``stdout``; without it the SDK
     claims fd 1 itself, but only while serving.
     """
     import anyio
 
-    server = build_server(datasette, surface=SURFACE_STDIO)
+    server = build_server(datasette, surface=SURFACE_STDIO, actor=actor)
     wire = anyio.wrap_file(stdout) if stdout is not None else None
     async with stdio_server(stdout=wire) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())

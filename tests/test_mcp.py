@@ -196,10 +196,25 @@ def cli_args(built, *extra):
             "--base-dir", str(built["corpus"]), "--metadata", str(built["metadata_file"]), *extra]
 
 
-def stdio(built, errlog):
+def stdio(built, errlog, *extra):
     """The SDK's stdio client transport, spawning ``groundkit mcp`` as a real subprocess."""
-    params = StdioServerParameters(command=sys.executable, args=cli_args(built))
+    params = StdioServerParameters(command=sys.executable, args=cli_args(built, *extra))
     return stdio_client(params, errlog=errlog)
+
+
+async def test_stdio_answers_as_the_actor_it_was_launched_as(built, tmp_path):
+    # `private` is for the root actor only (metadata.yml); stdio is anonymous by default.
+    with open(tmp_path / "stderr.txt", "w") as errlog:
+        async with Client(stdio(built, errlog), read_timeout_seconds=60) as client:
+            result = await client.call_tool("list_collections", {})
+            assert result.structured_content["collections"] == ["energy"]
+            result = await client.call_tool("index_status", {"collection": "private"})
+            assert result.is_error and mcp_body(result)[0] == 404
+        async with Client(stdio(built, errlog, "--as-user", "root"), read_timeout_seconds=60) as client:
+            result = await client.call_tool("list_collections", {})
+            assert result.structured_content["collections"] == ["energy", "private"]
+            result = await client.call_tool("index_status", {"collection": "private"})
+            assert not result.is_error
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])  # initialize handshake, then 2026 discover
