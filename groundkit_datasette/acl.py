@@ -87,6 +87,9 @@ def front_matter(text: str) -> dict | None:
     return data if isinstance(data, dict) else None
 
 
+_UNLISTABLE = frozenset({"\0"})  # a name no directory can hold
+
+
 class ACLResolver:
     """Access lists for the files of one ingest run under ``base``."""
 
@@ -104,9 +107,11 @@ class ACLResolver:
         if listing is None:
             try:
                 listing = frozenset(os.listdir(directory))
-            except OSError:
-                listing = frozenset()
+            except OSError:  # e.g. searchable but not listable: ask about the file itself
+                listing = _UNLISTABLE
             self._listings[directory] = listing
+        if listing is _UNLISTABLE:
+            return os.path.lexists(path)
         return name in listing
 
     def _read_file(self, path: Path) -> str | None:

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import sqlite3
+import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -227,11 +228,22 @@ class Indexer:
                 report.skip(rel, "symlink outside base directory")
                 log.warning("refused symlink leaving the base directory: %s", rel)
                 return None
-            if target.is_dir():
+            try:
+                mode = target.stat().st_mode
+            except OSError:
+                return rel, target  # dangling: reported as unreadable when read
+            if stat.S_ISDIR(mode):
                 report.skip(rel, "symlinked directory not followed")
+                return None
+            if not stat.S_ISREG(mode):  # a FIFO would block the read
+                report.skip(rel, "not a regular file")
                 return None
             return rel, target
 
+        if not root.is_dir() and not root.is_file():
+            report.skip(root.relative_to(base).as_posix() if root != base else root.name,
+                        "not a regular file")
+            return
         if root.is_file():
             rel = root.relative_to(base).as_posix() if root != base else root.name
             if not self._excluded(rel):
@@ -242,8 +254,13 @@ class Indexer:
 
         def visit(directory: str, prefix: str):
             # os.scandir: file types come with the directory listing, no stat per file.
-            with os.scandir(directory) as it:
-                entries = sorted(it, key=lambda e: e.name)
+            try:
+                with os.scandir(directory) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as exc:  # one unreadable directory must not end the run
+                report.skip(prefix.rstrip("/") or ".", "unreadable directory")
+                log.warning("cannot list %s: %s", prefix.rstrip("/") or ".", exc.strerror)
+                return
             subdirs = []
             for entry in entries:
                 rel = prefix + entry.name
@@ -339,8 +356,9 @@ class Indexer:
         else:
             conn = sqlite3.connect(work)
             create_schema(conn)
-        # The copy is private and discarded on failure, so it needs no crash journal.
-        conn.execute("PRAGMA journal_mode = MEMORY")
+        # The copy is private and discarded on failure: no fsyncs. The journal stays on disk
+        # (it is written without syncing): one run is one transaction, and an in-memory journal
+        # would hold every page the run changes (a re-chunk changes them all).
         conn.execute("PRAGMA synchronous = OFF")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.isolation_level = None
@@ -442,8 +460,11 @@ class Indexer:
                     )
             pending, pending_new_chunks = [], 0
 
-        # Overlapping paths (a directory and a file inside it) name a file once.
-        files = list({item[0]: item for root in roots for item in self._walk(base, root, report)}.values())
+        # Overlapping paths (a directory and what is inside it) name each file once, and a
+        # root inside another directory root is not walked twice.
+        walked = [r for r in dict.fromkeys(roots)
+                  if not any(d.is_dir() and d in r.parents for d in roots)]
+        files = list({item[0]: item for root in walked for item in self._walk(base, root, report)}.values())
         self.progress({"event": "start", "total": len(files)})
         for done, (source, real) in enumerate(files, 1):
             seen.add(source)

@@ -4,6 +4,7 @@ only ever include what the actor may read, filtered before anything is truncated
 
 import json
 import logging
+import os
 import shutil
 import sqlite3
 
@@ -353,6 +354,31 @@ def test_keyword_scores_do_not_depend_on_hidden_documents(tmp_path):
         # A reader who may see the memo gets the collection-wide figures.
         hr = Reader("ann", frozenset({"hr"}))
         assert score(a, hr) == pytest.approx(score(a, None), rel=1e-6)
+
+
+def test_an_access_list_in_a_directory_that_cannot_be_listed_still_applies(tmp_path, monkeypatch):
+    # A directory may be searchable but not listable (mode 711). The tests run as root, who
+    # lists everything, so the refusal is simulated; the file itself is real.
+    corpus = tmp_path / "corpus"
+    (corpus / "hr" / "sub").mkdir(parents=True)
+    (corpus / "hr" / ".groundkit-acl.json").write_text(json.dumps({"groups": ["hr"]}))
+    (corpus / "hr" / "sub" / "pay.txt").write_text("Salaries.\n")
+    (corpus / "hr" / "sub" / "pay.txt.acl.json").write_text(json.dumps({"users": ["ann"]}))
+    (corpus / "hr" / "sub" / "plan.txt").write_text("Plans.\n")
+    real_listdir = os.listdir
+
+    def listdir(path):
+        if os.path.basename(path) in ("hr", "sub"):
+            raise PermissionError(13, "Permission denied")
+        return real_listdir(path)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    ingest([corpus / "hr" / "sub"], collection="hr", index_dir=tmp_path / "index", embedder="none",
+           base_dir=corpus)
+    assert acls(tmp_path / "index", "hr") == {
+        "hr/sub/pay.txt": normalize({"users": ["ann"]}),
+        "hr/sub/plan.txt": normalize({"groups": ["hr"]}),
+    }
 
 
 def test_reader_from_actor():

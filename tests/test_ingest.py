@@ -277,10 +277,39 @@ def test_walk_order_excludes_and_special_files(corpus, index_dir):
 
 
 def test_overlapping_paths_ingest_each_file_once(corpus, index_dir):
+    os.mkfifo(corpus / "notes" / "pipe")
     report = ingest([corpus, corpus / "notes" / "wind.txt", corpus / "notes"], collection="energy",
                     index_dir=index_dir, embedder="none")
     assert (report.added, report.failed) == (4, 0)
     assert rows(index_dir / "energy.sqlite3", "SELECT count(*) FROM documents") == [(4,)]
+    assert report.skipped_files.count(("notes/pipe", "not a regular file")) == 1
+
+
+def test_special_files_behind_symlinks_or_given_directly_are_skipped(corpus, index_dir):
+    os.mkfifo(corpus / ".pipe")
+    (corpus / "link.txt").symlink_to(corpus / ".pipe")  # reading it would block the run
+    report = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert ("link.txt", "not a regular file") in report.skipped_files and report.added == 4
+    report = ingest([corpus / ".pipe"], collection="solo", index_dir=index_dir, embedder="none",
+                    base_dir=corpus)
+    assert report.skipped_files == [(".pipe", "not a regular file")]
+
+
+def test_an_unreadable_directory_is_reported_and_the_rest_ingested(corpus, index_dir, monkeypatch):
+    # The tests run as root, for whom mode 000 still lists: the refusal is simulated here.
+    (corpus / "locked").mkdir()
+    (corpus / "locked" / "a.txt").write_text("Behind a locked door.\n")
+    real_scandir = os.scandir
+
+    def scandir(path):
+        if os.path.basename(path) == "locked":
+            raise PermissionError(13, "Permission denied")
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    report = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert ("locked", "unreadable directory") in report.skipped_files
+    assert report.added == 4 and report.published
 
 
 def test_paths_outside_the_base_dir_are_refused(tmp_path, corpus, index_dir):

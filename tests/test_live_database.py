@@ -72,6 +72,8 @@ async def test_other_databases_are_left_alone_and_nothing_is_created(corpus, ind
     assert (await ds.client.get("/plain.json")).status_code == 200
     assert type(ds.get_database("plain")) is Database
     assert isinstance(ds.get_database("energy"), CollectionDatabase)
+    # Swapped in place: the order Datasette lists databases in is kept.
+    assert [n for n in ds.databases if not n.startswith("_")] == ["energy", "plain"]
 
     # A collection deleted while served: reading never creates an empty file in its place.
     path.unlink()

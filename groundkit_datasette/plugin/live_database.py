@@ -81,7 +81,11 @@ class CollectionDatabase(Database):
         # database page's 10 ms limit would cache a None for every table that was slower.
         if self.cached_table_counts is None:
             limit = max(limit, COUNT_LIMIT_MS)
-        return await super().table_counts(limit=limit)
+        epoch = self._current_epoch()
+        counts = await super().table_counts(limit=limit)
+        if self._epoch != epoch:  # a publish landed between the counts: cache none of them
+            self._cached_table_counts = None
+        return counts
 
     async def execute_fn(self, fn):
         epoch = self._current_epoch()
@@ -94,15 +98,23 @@ class CollectionDatabase(Database):
 
 def follow_collections(datasette) -> list[str]:
     """Serve every immutable collection database through ``CollectionDatabase``."""
-    swapped = []
-    for name, db in list(datasette.databases.items()):
+    swapped, replaced = [], {}
+    for name, db in datasette.databases.items():
         if isinstance(db, CollectionDatabase) or db.is_mutable or db.is_memory or not db.path:
             continue
         if not is_collection_file(Path(db.path)):
             continue
-        route = db.route
-        datasette.remove_database(name)
-        datasette.add_database(CollectionDatabase(datasette, db.path), name=name, route=route)
-        db.close()
+        new = CollectionDatabase(datasette, db.path)
+        new.name, new.route = name, db.route
+        replaced[name] = (db, new)
         swapped.append(name)
+    if replaced:
+        # One new mapping in the same order (the index page and get_database() follow it),
+        # assigned whole as Datasette's add_database does.
+        datasette.databases = {
+            name: replaced[name][1] if name in replaced else db
+            for name, db in datasette.databases.items()
+        }
+        for old, _new in replaced.values():
+            old.close()
     return swapped
