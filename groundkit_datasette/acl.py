@@ -95,9 +95,8 @@ class ACLResolver:
 
     def __init__(self, base: Path):
         self.base = Path(base).resolve()
-        self._directories: dict[Path, tuple[str | None, str | None]] = {}
+        self._directories: dict[str, tuple[str | None, str | None]] = {}
         self._listings: dict[str, frozenset[str]] = {}
-        self._by_directory: dict[str, tuple[str | None, str | None]] = {}
 
     def _present(self, path: Path) -> bool:
         # One listing per directory instead of two stats per document (the tree is not
@@ -133,16 +132,18 @@ class ACLResolver:
             raise InvalidACL("access-list file is not JSON") from None
         return normalize(value)
 
-    def _directory(self, directory: Path) -> tuple[str | None, str | None]:
+    def _directory(self, directory: str) -> tuple[str | None, str | None]:
         """(list, error) from the nearest directory file at or above ``directory``."""
-        if directory in self._directories:
-            return self._directories[directory]
+        found = self._directories.get(directory)
+        if found is not None:
+            return found
+        path = Path(directory)
         try:
-            result = (self._read_file(directory / DIRECTORY_FILE), None)
+            result = (self._read_file(path / DIRECTORY_FILE), None)
         except InvalidACL as exc:
-            result = (None, f"{(directory / DIRECTORY_FILE).relative_to(self.base)}: {exc}")
-        if result == (None, None) and directory != self.base and self.base in directory.parents:
-            result = self._directory(directory.parent)
+            result = (None, f"{(path / DIRECTORY_FILE).relative_to(self.base)}: {exc}")
+        if result == (None, None) and path != self.base and self.base in path.parents:
+            result = self._directory(str(path.parent))
         self._directories[directory] = result
         return result
 
@@ -158,11 +159,7 @@ class ACLResolver:
             sidecar = self._read_file(Path(path + SIDECAR_SUFFIX))
             if sidecar is not None:
                 return sidecar
-            directory = os.path.dirname(path)
-            found = self._by_directory.get(directory)
-            if found is None:
-                found = self._by_directory[directory] = self._directory(Path(directory))
-            acl, error = found
+            acl, error = self._directory(os.path.dirname(path))
             if error is not None:
                 raise InvalidACL(error)
             return acl

@@ -20,6 +20,7 @@ from . import outbound
 from . import plugins
 from .errors import EmbedderError
 from .hookspecs import hookimpl
+from .onnx_cpu import cpu_session
 
 from .plugins import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
 
@@ -171,7 +172,6 @@ class MiniLMEmbedder(Embedder):
             if self._session is not None:
                 return
             onnx_file, tokenizer_file = self._model_files()
-            import onnxruntime as ort
             from tokenizers import Tokenizer
 
             try:
@@ -182,16 +182,8 @@ class MiniLMEmbedder(Embedder):
             tokenizer.no_padding()
             tokenizer.enable_truncation(max_length=self.max_length)
 
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = 1 if self.parallel == "batches" else self.threads
-            options.inter_op_num_threads = 1
-            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            options.log_severity_level = 3
             try:
-                session = ort.InferenceSession(
-                    str(onnx_file), sess_options=options, providers=["CPUExecutionProvider"]
-                )
+                session = cpu_session(onnx_file, 1 if self.parallel == "batches" else self.threads)
             except Exception:
                 raise EmbedderError("the MiniLM ONNX model could not be loaded") from None
             inputs = tuple(i.name for i in session.get_inputs())

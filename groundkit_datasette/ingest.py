@@ -240,16 +240,14 @@ class Indexer:
                 return None
             return rel, target
 
-        if not root.is_dir() and not root.is_file():
-            report.skip(root.relative_to(base).as_posix() if root != base else root.name,
-                        "not a regular file")
-            return
+        # Roots come resolved (_resolve_inputs): never a symlink themselves.
+        rel_root = root.relative_to(base).as_posix() if root != base else root.name
         if root.is_file():
-            rel = root.relative_to(base).as_posix() if root != base else root.name
-            if not self._excluded(rel):
-                item = symlink(root, rel) if root.is_symlink() else (rel, root)
-                if item:
-                    yield item
+            if not self._excluded(rel_root):
+                yield rel_root, root
+            return
+        if not root.is_dir():
+            report.skip(rel_root, "not a regular file")
             return
 
         def visit(directory: str, prefix: str):
@@ -279,7 +277,7 @@ class Indexer:
             for path, sub_prefix in subdirs:
                 yield from visit(path, sub_prefix)
 
-        yield from visit(str(root), "" if root == base else root.relative_to(base).as_posix() + "/")
+        yield from visit(str(root), "" if root == base else rel_root + "/")
 
     # -- the run -----------------------------------------------------------
 
@@ -556,7 +554,7 @@ class Indexer:
             written = batch
         except Exception:
             written = []
-            for p in batch if len(batch) > 1 else ():
+            for p in batch:
                 try:
                     with _savepoint(conn):
                         self._insert_documents(conn, [p], terms, generation)
@@ -566,10 +564,6 @@ class Indexer:
                     report.failed_files.append((p.source, "write failed"))
                     log.error("writing %s failed, its previous state is kept: %s",
                               p.source, type(exc).__name__)
-            if len(batch) == 1:
-                report.failed += 1
-                report.failed_files.append((batch[0].source, "write failed"))
-                log.error("writing %s failed, its previous state is kept", batch[0].source)
         for p in written:
             if p.is_new:
                 report.added += 1

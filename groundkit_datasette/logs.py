@@ -29,9 +29,6 @@ def install_access_log_filter() -> None:
 class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is at the time (it may be replaced after start-up)."""
 
-    def __init__(self):
-        super().__init__()
-
     @property
     def stream(self):
         return sys.stderr

@@ -21,6 +21,7 @@ from . import outbound
 from . import plugins
 from .errors import RerankerError
 from .hookspecs import hookimpl
+from .onnx_cpu import cpu_session
 
 
 @runtime_checkable
@@ -143,7 +144,6 @@ class CrossEncoderReranker:
         with self._lock:
             if self._session is not None:
                 return
-            import onnxruntime as ort
             from tokenizers import Tokenizer
 
             try:
@@ -155,16 +155,8 @@ class CrossEncoderReranker:
             tokenizer.no_padding()
             tokenizer.enable_truncation(max_length=self.max_length, strategy="longest_first")
 
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = self.threads
-            options.inter_op_num_threads = 1
-            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            options.log_severity_level = 3
             try:
-                session = ort.InferenceSession(
-                    str(self._dir / _MODEL_FILE), sess_options=options, providers=["CPUExecutionProvider"]
-                )
+                session = cpu_session(self._dir / _MODEL_FILE, self.threads)
             except Exception:
                 raise RerankerError(f"the cross-encoder {_MODEL_FILE} could not be loaded") from None
             inputs = {}

@@ -112,13 +112,14 @@ def _allowed(collection, request, access=None) -> Allowed | None:
         return None
     hidden_rows = None
     if access is not None:
+        hidden_documents = list(access.hidden_documents)
         rows = collection.query(
             "SELECT id FROM chunks WHERE document_id IN (SELECT value FROM json_each(?))",
-            [json.dumps(list(access.hidden_documents))],
+            [json.dumps(hidden_documents)],
         )
         hidden_rows = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
     if not clauses:
-        return Allowed(hidden_rows, list(access.hidden_documents), exclude=True, hidden=hidden_rows)
+        return Allowed(hidden_rows, hidden_documents, exclude=True, hidden=hidden_rows)
     if access is not None:
         clauses.append(access.sql)
         params += list(access.params)

@@ -18,7 +18,7 @@ from pathlib import Path
 from datasette.database import Database
 
 from ..collection import FileIdentity
-from ..schema import immutable_uri, is_collection_file
+from ..schema import connect_readonly, is_collection_file
 
 
 # What Datasette's own start-up allows for counting an immutable database's tables.
@@ -43,10 +43,8 @@ class CollectionDatabase(Database):
 
     def connect(self, write=False):
         assert not write, "collections are served read-only"
-        import sqlite3
-
         # mode=ro as well as immutable=1: a missing file is an error, not a new empty file.
-        conn = sqlite3.connect(immutable_uri(Path(self.path)), uri=True, check_same_thread=False)
+        conn = connect_readonly(Path(self.path))
         self._all_file_connections.append(conn)
         return conn
 
