@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from . import errors as E
 from .auth import OIDCConfig, StaticToken, parse_oidc, parse_tokens
 from .collection import Collection
+from .logs import REQUEST_LINE
 from .names import validate_name
 from .schema import is_collection_file
 
@@ -108,6 +109,9 @@ class Settings:
     reranker_options: dict | None = None
     allow_remote_access: bool = False
     allow_anonymous: bool = False
+    # Paths a published server answers without an actor (a login page of another
+    # authentication plugin); exact, or a prefix ending in "/". Static assets always are.
+    public_paths: tuple[str, ...] = ()
     # Authentication (auth.py, adr/0006): OIDC bearer tokens and hashed static tokens.
     oidc: OIDCConfig | None = None
     tokens: tuple[StaticToken, ...] = ()
@@ -126,6 +130,12 @@ class Settings:
             # A string "false" must not publish anything.
             if key in config and not isinstance(config[key], bool):
                 raise ValueError(f"groundkit setting {key} must be true or false")
+        public = config.get("public_paths") or []
+        if not isinstance(public, list) or not all(
+            isinstance(p, str) and p.startswith("/") and ".." not in p for p in public
+        ):
+            raise ValueError("groundkit setting public_paths must be a list of paths starting with /")
+        config["public_paths"] = tuple(public)
         config["oidc"] = parse_oidc(config.get("oidc"))
         config["tokens"] = parse_tokens(config.get("tokens"))
         return cls(**config)
@@ -275,14 +285,17 @@ async def call_tool(tool, ctx: ToolContext, collection: str | None, arguments: d
         response = await tool.handler(ctx, collection, request)
     except Exception as exc:  # mapped below; the full exception goes only to the server log
         error = map_exception(exc)
-        if error.status >= 500:
+        if error.status == 500:  # a defect: the traceback, for the server's log only
             log.error("request %s: %s failed", ctx.request_id, tool.name, exc_info=exc)
-        else:
-            log.debug("request %s: %s refused: %s", ctx.request_id, tool.name, type(exc).__name__)
+        elif error.status >= 502:  # an upstream or capacity problem: one line
+            log.warning("request %s: %s failed: %s", ctx.request_id, tool.name, error.kind)
+        else:  # an expected refusal (4xx, 501): one line
+            log.debug("request %s: %s refused: %s", ctx.request_id, tool.name, error.kind)
     elapsed = (time.perf_counter() - started) * 1000
+    method, route = REQUEST_LINE.get()
     access_log.info(
-        "request_id=%s surface=%s tool=%s status=%s latency_ms=%.1f results=%s",
-        ctx.request_id, ctx.surface, tool.name, error.status if error else 200, elapsed,
-        result_count(response) if error is None else 0,
+        "request_id=%s method=%s route=%s surface=%s tool=%s status=%s latency_ms=%.1f results=%s",
+        ctx.request_id, method, route, ctx.surface, tool.name, error.status if error else 200,
+        elapsed, result_count(response) if error is None else 0,
     )
     return response, error
