@@ -464,6 +464,44 @@ def permission_allowed(datasette, actor, action, resource):
     return False
 
 
+# -- secrets in metadata -----------------------------------------------------------------
+
+# What Datasette's /-/metadata pages may show of groundkit's block. Everything else (token
+# hashes, OIDC issuer and JWKS URL, endpoint options, directories) is replaced.
+PUBLIC_SETTINGS = frozenset({"embedder", "reranker", "allow_remote_access", "allow_anonymous"})
+HIDDEN = "[hidden by groundkit]"
+
+
+def _scrubbed(value):
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key == "plugins" and isinstance(item, dict) and isinstance(item.get("groundkit"), dict):
+                item = dict(item)
+                item["groundkit"] = {
+                    k: (v if k in PUBLIC_SETTINGS else HIDDEN) for k, v in item["groundkit"].items()
+                }
+                out[key] = {k: _scrubbed(v) if k != "groundkit" else v for k, v in item.items()}
+            else:
+                out[key] = _scrubbed(item)
+        return out
+    if isinstance(value, list):
+        return [_scrubbed(v) for v in value]
+    return value
+
+
+def hide_secrets(datasette) -> None:
+    """Take groundkit's secrets out of the metadata Datasette serves, once they are read.
+
+    Called at start-up after the settings are parsed and cached (``settings_for``); the
+    settings object is then the only holder of the values. A copy replaces Datasette's
+    dict, so a caller's own metadata object is left as it was.
+    """
+    local = getattr(datasette, "_metadata_local", None)
+    if isinstance(local, dict):
+        datasette._metadata_local = _scrubbed(local)
+
+
 # -- start-up -------------------------------------------------------------------------------
 
 

@@ -303,3 +303,29 @@ async def test_security_headers_on_every_answer(built):
         assert "default-src 'self'" in policy and "'unsafe-inline'" not in policy
         r = await client.get("/-/groundkit", headers={"host": "evil.example"})  # refusals too
         assert r.status_code == 403 and r.headers["x-frame-options"] == "DENY"
+
+
+async def test_metadata_pages_never_show_groundkit_secrets(built):
+    oidc = {"issuer": "https://idp.internal.example", "audience": "groundkit",
+            "jwks_url": "https://idp.internal.example/jwks.json"}
+    metadata_in = {"title": "Energy", "plugins": {"groundkit": {
+        "base_dir": str(built["corpus"]), "index_dir": str(built["index_dir"]),
+        **PUBLISHED, "oidc": oidc}}}
+    ds = Datasette(files=[], immutables=[str(built["index_dir"] / "energy.sqlite3")],
+                   secret="boundary", metadata=metadata_in)
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    async with client_for(ds, "http://192.0.2.7") as client:
+        for page in ("/-/metadata.json", "/-/metadata"):
+            r = await client.get(page, headers=auth)
+            assert r.status_code == 200, page
+            for secret in (hash_token(TOKEN), "idp.internal.example", str(built["index_dir"]),
+                           str(built["corpus"])):
+                assert secret not in r.text, (page, secret)
+        shown = (await client.get("/-/metadata.json", headers=auth)).json()
+        assert shown["title"] == "Energy" and shown["plugins"]["groundkit"]["allow_remote_access"] is True
+        assert "alice" not in json.dumps(shown)  # not even the token ids
+        # The settings still work: the token authenticates, the collection answers.
+        r = await client.get("/energy/-/groundkit/status.json", headers=auth)
+        assert r.status_code == 200
+    # The caller's own metadata object is left as it was.
+    assert metadata_in["plugins"]["groundkit"]["tokens"][0]["sha256"] == hash_token(TOKEN)

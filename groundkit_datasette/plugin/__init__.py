@@ -154,6 +154,9 @@ def skip_csrf(datasette, scope):
 @hookimpl
 def startup(datasette):
     settings = settings_for(datasette)  # fails start-up on unknown settings
+    from ..access import hide_secrets
+
+    hide_secrets(datasette)  # after settings_for: the parsed settings keep the values
     install_access_log_filter()
     install_call_log()
     from ..access import startup_checks
