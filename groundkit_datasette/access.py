@@ -449,7 +449,14 @@ def asgi_wrapper(datasette):
 @hookimpl(trylast=True)
 def permission_allowed(datasette, actor, action, resource):
     """Datasette's table, SQL and download views cannot apply document permissions, so
-    they are closed on any collection that has documents with an access list."""
+    they are closed on any collection that has (or had) documents with an access list.
+
+    The file now at the path decides here; the connection that runs the query decides
+    again (``acl.deny_row_reads``), so a publish between the two leaks nothing. A download
+    streams whatever file is at the path when it starts, so collections are never
+    downloaded over HTTP. ``--crossdb`` attaches every file to ``_memory``, outside both
+    checks, so ``_memory`` SQL is closed while any attached collection is protected.
+    """
     if action not in RAW_READ_ACTIONS:
         return None
     database = resource[0] if isinstance(resource, (tuple, list)) else resource
@@ -458,8 +465,17 @@ def permission_allowed(datasette, actor, action, resource):
     from .acl import collection_has_acl
     from .plugin import registry_for
 
-    path = registry_for(datasette).database_path(database)
-    if path is None or not collection_has_acl(path):
+    registry = registry_for(datasette)
+    if database == "_memory" and getattr(datasette, "crossdb", False):
+        if any(collection_has_acl(registry.database_path(n)) for n in registry.candidate_names()):
+            return False
+        return None
+    path = registry.database_path(database)
+    if path is None:
+        return None
+    if action == "view-database-download":
+        return False
+    if not collection_has_acl(path):
         return None
     return False
 

@@ -73,6 +73,7 @@ class Collection:
         self.postings_cache: dict = {}
         self._tie_ranks = None
         self._chunk_total = None
+        self._protected = None
         self.base_dir = Path(base_dir) if base_dir is not None else self._manifest_base_dir()
 
     @classmethod
@@ -117,6 +118,17 @@ class Collection:
             return False
 
     # -- low-level reads ------------------------------------------------------
+
+    @property
+    def protected(self) -> bool:
+        """Whether this version has (or a former one had) access lists; asked of this
+        object's own connection, so a publish cannot change the answer mid-request."""
+        if self._protected is None:
+            from .acl import connection_is_protected
+
+            with self._lock:
+                self._protected = connection_is_protected(self._conn)
+        return self._protected
 
     def query(self, sql: str, params=()) -> list[tuple]:
         with self._lock:

@@ -640,6 +640,10 @@ class Indexer:
             "base_dir": os.path.relpath(base, self.index_dir.resolve()),
             "bm25": json.dumps({"k1": bm25.K1, "b": bm25.B}),
         }
+        # Sticky: once any version had an access list, every later one says so, so a publish
+        # that drops the last list cannot open Datasette's raw views mid-flight (adr/0011).
+        if conn.execute("SELECT 1 FROM documents WHERE acl IS NOT NULL LIMIT 1").fetchone():
+            values["access_lists"] = "1"
         if "created_at" not in manifest:
             values["created_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"

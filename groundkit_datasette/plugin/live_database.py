@@ -17,6 +17,7 @@ from pathlib import Path
 
 from datasette.database import Database
 
+from ..acl import connection_is_protected, deny_row_reads
 from ..collection import FileIdentity
 from ..schema import connect_readonly, is_collection_file
 
@@ -69,6 +70,10 @@ class CollectionDatabase(Database):
                 except ValueError:
                     pass
             conn = self.connect()
+            if connection_is_protected(conn):
+                # Datasette's raw views are closed on protected collections by
+                # permission_allowed; this holds even when a publish lands after that check.
+                conn.set_authorizer(deny_row_reads)
             self.ds._prepare_connection(conn, self.name)
             local.conn, local.epoch = conn, epoch
         return conn
