@@ -68,6 +68,7 @@ class Collection:
             self._conn.close()
             raise
         self.generation = int(self.manifest.get("generation", "0"))
+        self._has_encoding = schema.has_encoding_column(self._conn)
         self._vectors = None
         self._vectors_loaded = False
         self.postings_cache: dict = {}
@@ -190,8 +191,10 @@ class Collection:
         rows = self.query(
             """SELECT c.chunk_id, c.document_id, c.chunk_index, d.source, d.title, c.start_offset,
                       c.end_offset, c.line_start, c.line_end, c.page_start, c.page_end, c.heading,
-                      c.content, c.content_hash, d.source_class, d.extractor, d.extractor_version
-               FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id = ?""",
+                      c.content, c.content_hash, d.source_class, d.extractor, d.extractor_version,
+                      {encoding}
+               FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id = ?""".format(
+                encoding="d.encoding" if self._has_encoding else "NULL"),
             (chunk_id,),
         )
         if not rows:
@@ -204,7 +207,7 @@ class Collection:
         )
         verification = verify_citation(
             source=r[3], source_class=r[14], extractor=r[15], extractor_version=r[16],
-            start=r[5], end=r[6], content=r[12], base_dir=self.base_dir,
+            start=r[5], end=r[6], content=r[12], base_dir=self.base_dir, encoding=r[17],
         )
         return ChunkResponse(
             collection=self.name, generation=self.generation, chunk=citation,
