@@ -71,6 +71,7 @@ class Collection:
         self._has_encoding = schema.has_encoding_column(self._conn)
         self._vectors = None
         self._vectors_loaded = False
+        self._vector_total = None
         self.postings_cache: dict = {}
         self._tie_ranks = None
         self._chunk_total = None
@@ -220,8 +221,15 @@ class Collection:
         terms = self.query("SELECT count(*) FROM bm25_vocab")[0][0]
         embedding = self.embedding
         dense, reason = (embedding is not None), None
+        vectors = None
         if embedding is None:
             reason = "the collection was built without embeddings"
+        else:
+            vectors = self.vector_count()
+            if vectors < chunks:
+                dense = False
+                reason = (f"vectors cover {vectors} of {chunks} chunks; "
+                          "re-run groundkit ingest to embed the rest")
         chunker = json.loads(self.manifest["chunker"]) if self.manifest.get("chunker") else None
         return IndexStatus(
             collection=self.name,
@@ -235,7 +243,29 @@ class Collection:
             ann_index=self.manifest.get("ann_index") or None,
             chunker=chunker,
             bm25_terms=terms,
+            vectors=vectors,
         )
+
+    def vector_count(self, hidden_documents=()) -> int:
+        """Chunks of this version that have a vector, leaving out ``hidden_documents``' chunks."""
+        try:
+            table = self.vectors()
+        except IndexInconsistent:
+            return 0
+        if table is None:
+            return 0
+        if not hidden_documents:
+            if self._vector_total is None:
+                self._vector_total = table.count_rows()
+            return self._vector_total
+        hidden = set(hidden_documents)
+        ids = table.to_arrow().select(["chunk_id", "document_id"]).to_pydict()
+        with_vector = {c for c, d in zip(ids["chunk_id"], ids["document_id"]) if d not in hidden}
+        readable = {r[0] for r in self.query(
+            "SELECT chunk_id FROM chunks WHERE document_id NOT IN (SELECT value FROM json_each(?))",
+            (json.dumps(sorted(hidden)),),
+        )}
+        return len(with_vector & readable)
 
 
 def _inside(path: Path, directory: Path) -> bool:
