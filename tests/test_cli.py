@@ -120,6 +120,9 @@ def test_the_plain_summary_names_five_and_says_how_to_see_all(corpus, index_dir)
     )
     assert "more; run with" not in verbose.stdout
     shutil.rmtree(index_dir)
+    top_level = CliRunner().invoke(cli, ["-v", *map(str, args)])  # groundkit -v ingest ...
+    assert len([line for line in top_level.stdout.splitlines() if line.startswith("  skipped: ")]) == 9
+    shutil.rmtree(index_dir)
     as_json = json.loads(run(*args, "--json").stdout)
     assert {"source": "blob7.raw", "reason": "binary"} in as_json["skipped_files"]
     assert len(as_json["skipped_files"]) == as_json["skipped"] == 9
@@ -525,3 +528,38 @@ def test_twenty_thousand_paths_ingest(tmp_path):
 
     report = Indexer("lots", index_dir=tmp_path / "index", embedder="none").ingest(paths + [str(docs)])
     assert report.added == 20_000 and report.failed == 0
+
+
+def test_vector_coverage_counts_only_the_chunks_a_reader_may_read(tmp_path):
+    """index_status.vectors, like its other counts, says nothing about hidden documents."""
+    from groundkit_datasette.acl import Reader, ScopedCollection
+
+    docs = tmp_path / "docs"
+    (docs / "hr").mkdir(parents=True)
+    (docs / "hr" / ".groundkit-acl.json").write_text(json.dumps({"groups": ["hr"]}))
+    (docs / "hr" / "salaries.txt").write_text("Salary bands for the engineering ladder.\n")
+    (docs / "public.txt").write_text("The canteen opens at noon.\n")
+    (docs / "ferries.txt").write_text("Ferries leave the harbour every hour.\n")
+    index = tmp_path / "index"
+    assert run("ingest", docs, "-c", "office", "--index-dir", index).exit_code == 0
+    path = index / "office.sqlite3"
+    anonymous, hr = Reader.from_actor(None), Reader.from_actor({"id": "bo", "groups": ["hr"]})
+    with Collection.open("office", index_dir=index) as col:
+        assert col.status().vectors == col.status().chunks == 3
+        assert ScopedCollection(col, anonymous).status().vectors == 2
+    # Lose the public ferries document's vectors (a partial table) and publish that state by hand.
+    table = open_table(index / "office.lance")
+    (ferries,) = query(path, "SELECT document_id FROM documents WHERE source = 'ferries.txt'")[0]
+    table.delete(f"document_id = '{ferries}'")
+    conn = sqlite3.connect(path)
+    with conn:
+        conn.execute("UPDATE groundkit_manifest SET value = ? WHERE key = 'lance_version'",
+                     (str(table.version),))
+    conn.close()
+    with Collection.open("office", index_dir=index) as col:
+        full = col.status()
+        assert (full.vectors, full.chunks, full.dense_available) == (2, 3, False)
+        assert "vectors cover 2 of 3 chunks" in full.dense_unavailable_reason
+        seen = ScopedCollection(col, anonymous).status()
+        assert (seen.vectors, seen.chunks) == (1, 2)
+        assert ScopedCollection(col, hr).status().vectors == 2
