@@ -358,9 +358,11 @@ class ScopedCollection:
             "SELECT count(*) FROM chunks WHERE document_id NOT IN (SELECT value FROM json_each(?))",
             (hidden,),
         )[0][0]
-        return status.model_copy(
-            update={"documents": documents, "chunks": chunks, "bm25_terms": self._terms(hidden)}
-        )
+        update = {"documents": documents, "chunks": chunks, "bm25_terms": self._terms(hidden)}
+        if status.vectors is not None:  # counted over readable chunks only, like the rest
+            update["vectors"] = (chunks if status.vectors >= status.chunks
+                                 else col.vector_count(access.hidden_documents))
+        return status.model_copy(update=update)
 
     def _terms(self, hidden_json: str) -> int:
         """Distinct BM25 terms in the readable chunks, so the vocabulary size leaks nothing."""

@@ -136,6 +136,11 @@ class IndexStatus(Response):
     ann_index: str | None = None
     chunker: dict | None = None
     bm25_terms: int
+    vectors: int | None = Field(
+        default=None,
+        description="Chunks with a vector in this version; equals chunks when dense search covers "
+                    "them all. None for a collection built without embeddings.",
+    )
 
 
 class CollectionsResponse(Response):
