@@ -216,9 +216,11 @@ class Collection:
         chunks = self.query("SELECT count(*) FROM chunks")[0][0]
         terms = self.query("SELECT count(*) FROM bm25_vocab")[0][0]
         embedding = self.embedding
-        dense, reason = (embedding is not None), None
-        if embedding is None:
-            reason = "the collection was built without embeddings"
+        from .search import dense_unavailable_reason
+
+        # What this server can do, not only what the manifest records.
+        reason = dense_unavailable_reason(self)
+        dense = reason is None
         chunker = json.loads(self.manifest["chunker"]) if self.manifest.get("chunker") else None
         return IndexStatus(
             collection=self.name,

@@ -323,6 +323,8 @@ def html_view(tool: Tool):
         if tool.name == "search" and collection is not None:
             # The form needs dense availability; a missing collection fails here, as a 404.
             status, error = await _status(ctx, collection)
+            if status is not None and not status.dense_available and "mode" not in arguments:
+                arguments["mode"] = "bm25"  # the one mode that works here (the form shows it)
         if error is None and submitted:
             response, error = await call_tool(tool, ctx, collection, arguments)
         builder = _CONTEXT.get(tool.name) if tool in BUILTIN_TOOLS else None
