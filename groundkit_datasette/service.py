@@ -220,9 +220,12 @@ class Registry:
         except GroundkitError as exc:
             raise ConfigurationError(f"groundkit plugin settings: {exc}") from None
 
-    def check_search(self, request: SearchRequest) -> None:
-        """This instance's limits, which may be lower than the request model's ceilings."""
+    def check_search(self, request: SearchRequest) -> SearchRequest:
+        """This instance's limits, which may be lower than the request model's ceilings.
+        A default top_k above the limit is lowered to it; an asked-for one is refused."""
         s = self.settings
+        if request.top_k > s.max_top_k and "top_k" not in request.model_fields_set:
+            request = request.model_copy(update={"top_k": s.max_top_k})
         if request.top_k > s.max_top_k:
             raise RequestRejected(422, "malformed_request",
                                   f"top_k: must be at most {s.max_top_k} on this server")
@@ -230,6 +233,7 @@ class Registry:
             raise RequestRejected(
                 422, "malformed_request",
                 f"query: must be at most {s.max_query_chars} characters on this server")
+        return request
 
     @contextlib.contextmanager
     def search_slot(self):
@@ -373,7 +377,7 @@ async def call_tool(tool, ctx: ToolContext, collection: str | None, arguments: d
             validate_name(collection)
         request = tool.request_model.model_validate(arguments)
         if isinstance(request, SearchRequest):
-            ctx.registry.check_search(request)
+            request = ctx.registry.check_search(request)
             with ctx.registry.search_slot():
                 response = await tool.handler(ctx, collection, request)
         else:
