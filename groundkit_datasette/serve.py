@@ -40,6 +40,8 @@ def collection_files(targets, index_dir: str = ".") -> list[Path]:
         except GroundkitError as exc:
             raise click.UsageError(f"{target}: {exc}") from None
         file = directory / f"{name}{SQLITE_SUFFIX}"
+        if not file.is_file():
+            raise click.UsageError(f"{target}: no such collection")
         if not is_collection_file(file):
             raise click.UsageError(f"{target}: not a groundkit collection")
         files.append(file)
@@ -119,7 +121,15 @@ def run(targets, *, index_dir=".", host="127.0.0.1", port=8001, open_browser=Fal
     sys.stdout.flush()
     if open_browser:
         threading.Thread(target=_open_when_up, args=(server, url), daemon=True).start()
-    server.run()
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the
+    # handler that was there before: make that an ordinary exit, status 0.
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
 
 
 def _open_when_up(server, url: str) -> None:

@@ -166,3 +166,12 @@ async def test_health_answers_without_opening_any_collection(collection, corpus)
     collection.unlink()  # nothing read: it still answers
     assert (await ds.client.get("/-/groundkit/health")).json() == {"ok": True}
     assert (await ds.client.post("/-/groundkit/health")).status_code in (403, 405)
+
+
+async def test_health_and_openapi_sit_behind_the_instance_boundary(collection, corpus):
+    """A probe on loopback answers; a rebound Host is refused like every other route."""
+    ds = make_ds(collection, corpus)
+    for path in ("/-/groundkit/health", "/-/groundkit/openapi.json"):
+        assert (await ds.client.get(path, headers={"host": "localhost:8001"})).status_code == 200
+        refused = await ds.client.get(path, headers={"host": "evil.example"})
+        assert refused.status_code == 403 and "ok\": true" not in refused.text
