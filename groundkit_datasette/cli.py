@@ -459,6 +459,26 @@ def mcp(index_dir, base_dir, metadata, as_user, groups):
         pass
 
 
+@cli.command("serve")
+@click.argument("targets", nargs=-1, metavar="[COLLECTION|INDEX_DIR]...")
+@click.option("--index-dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Where COLLECTION names are looked up; served whole when no target is given.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on: loopback unless --metadata publishes (allow_remote_access).")
+@click.option("--port", "-p", default=8001, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--open", "open_browser", is_flag=True, help="Open the search page in a browser.")
+@click.option("--base-dir", type=click.Path(file_okay=False),
+              help="Where fetch_chunk re-reads sources to verify citations.")
+@click.option("--metadata", "-m", type=click.File("r"),
+              help="Datasette metadata (YAML or JSON): permissions, plugins.groundkit settings.")
+def serve_command(targets, index_dir, host, port, open_browser, base_dir, metadata):
+    """Browse and search collections in Datasette: loopback, read-only, the plugin loaded."""
+    from .serve import run
+
+    run(targets, index_dir=index_dir, host=host, port=port, open_browser=open_browser,
+        metadata_file=metadata, base_dir=base_dir)
+
+
 @cli.command("eval")
 @click.argument("dataset_dir", type=click.Path(exists=True, file_okay=False))
 @click.option("--collection", "-c", help="Collection to build or reuse. Default: from the data set directory's name.")

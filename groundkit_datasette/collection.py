@@ -232,16 +232,17 @@ class Collection:
         chunks = self.query("SELECT count(*) FROM chunks")[0][0]
         terms = self.query("SELECT count(*) FROM bm25_vocab")[0][0]
         embedding = self.embedding
-        dense, reason = (embedding is not None), None
+        from .search import dense_unavailable_reason
+
+        # What this server can do, not only what the manifest records.
+        reason = dense_unavailable_reason(self)
         vectors = None
-        if embedding is None:
-            reason = "the collection was built without embeddings"
-        else:
+        if embedding is not None:
             vectors = self.vector_count()
-            if vectors < chunks:
-                dense = False
+            if reason is None and vectors < chunks:
                 reason = (f"vectors cover {vectors} of {chunks} chunks; "
                           "re-run groundkit ingest to embed the rest")
+        dense = reason is None
         chunker = json.loads(self.manifest["chunker"]) if self.manifest.get("chunker") else None
         return IndexStatus(
             collection=self.name,

@@ -100,10 +100,15 @@ class CollectionDatabase(Database):
 
 
 def follow_collections(datasette) -> list[str]:
-    """Serve every immutable collection database through ``CollectionDatabase``."""
+    """Serve every collection database through ``CollectionDatabase``.
+
+    A collection is recognised by its application id, not by how Datasette was
+    started: ``datasette x.sqlite3`` (a positional, mutable file) is served
+    immutably too, so its pages follow a re-ingest and nothing can write to it.
+    """
     swapped, replaced = [], {}
     for name, db in datasette.databases.items():
-        if isinstance(db, CollectionDatabase) or db.is_mutable or db.is_memory or not db.path:
+        if isinstance(db, CollectionDatabase) or db.is_memory or not db.path:
             continue
         if not is_collection_file(Path(db.path)):
             continue
