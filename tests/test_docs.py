@@ -28,6 +28,7 @@ SHELL_BLOCKS = {"sh", "shell", "bash", "console", "zsh"}
 # (visibly, never as passed); once the command exists it is checked like any other.
 PENDING = {"serve": "`groundkit serve` comes with the CLI branch of issue 12"}
 ELLIPSIS = {"...", "…"}
+WRAPPERS = {"sudo", "env", "time", "exec", "nohup"}
 
 
 # ---------------------------------------------------------------- the live CLI
@@ -164,11 +165,16 @@ def invocations(text: str) -> list[list[str]]:
     segments.append(current)
     found = []
     for seg in segments:
-        for i, token in enumerate(seg):
-            if token.rsplit("/", 1)[-1] == "groundkit":
-                # Optional parts written as [--flag VALUE] are checked like the rest.
-                found.append([t.strip("[]") for t in seg[i + 1 :] if t.strip("[]")])
-                break
+        # The command word of each segment, after VAR=value assignments and wrappers such as sudo:
+        # "groundkit" elsewhere is an argument (a group name, a path).
+        i = 0
+        while i < len(seg) and (re.fullmatch(r"[A-Za-z_]\w*=.*", seg[i]) or seg[i] in WRAPPERS):
+            i += 1
+            while i < len(seg) and seg[i - 1] in WRAPPERS and seg[i].startswith("-"):
+                i += 1
+        if i < len(seg) and seg[i].rsplit("/", 1)[-1] == "groundkit":
+            # Optional parts written as [--flag VALUE] are checked like the rest.
+            found.append([t.strip("[]") for t in seg[i + 1 :] if t.strip("[]")])
     return found
 
 
@@ -271,10 +277,12 @@ def test_the_docs_check_sees_what_it_must_refuse():
         "groundkit frobnicate --index-dir .",  # no such command
         "groundkit fetch-chunk groundkit.sqlite3",  # an argument short
         "groundkit status a b",  # one too many
+        "sudo -E env GK=1 groundkit serch x",  # after wrappers too
     ):
         (args,) = invocations(bad)
         assert problems_of(args)[0], bad
     text = "```sh\ngroundkit ingest docs \\\n  --collection x --chunk-size 10 && groundkit status x  # note\n```\n"
+    assert invocations("sudo install -d -g groundkit /srv/groundkit/index") == []  # an argument, not the command
     lines = list(command_lines("x.md", text))
     assert [a for _n, line in lines for a in invocations(line)] == [
         ["ingest", "docs", "--collection", "x", "--chunk-size", "10"], ["status", "x"],
