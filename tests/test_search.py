@@ -48,16 +48,29 @@ def test_bm25_ranks_the_matching_chunk_first(bm25_index):
 
 
 @pytest.mark.parametrize(
-    "query",
-    ['"unbalanced', "NEAR(a b)", "a AND OR NOT", "col:value", "*", "^start", "a -b +c", "'; DROP TABLE chunks; --",
-     "(((", "ünïcödé 東京 🌞"],
+    "query,word,source",
+    [
+        ('"unbalanced offshore', "offshore", "notes/wind.txt"),
+        ("NEAR(photovoltaic sunlight)", "photovoltaic sunlight", "solar.md"),
+        ("lithium AND OR NOT", "lithium", "solar.md"),
+        ("col:dams", "dams", "notes/hydro.html"),
+        ("uphill*", "uphill", "notes/hydro.html"),
+        ("^maintenance", "maintenance", "notes/wind.txt"),
+        ("a -volts +c", "volts", "notes/calc.py"),
+        ("'; DROP TABLE chunks; -- decade", "decade", "solar.md"),
+        ("(((weather", "weather", "notes/wind.txt"),
+        ("ünïcödé 東京 🌞 onshore", "onshore", "notes/wind.txt"),
+    ],
 )
-def test_any_string_is_a_valid_bm25_query(bm25_index, query):
+def test_any_string_is_a_valid_bm25_query(bm25_index, query, word, source):
+    """Query syntax (FTS operators, quotes, SQL) is neither an error nor an operator: the
+    words around it find exactly what they find alone."""
     with Collection.open("energy", index_dir=bm25_index) as col:
-        response = col.search(query=query, mode="bm25")
-    assert isinstance(response.hits, list)
-    with Collection.open("energy", index_dir=bm25_index) as col:
+        hits = col.search(query=query, mode="bm25").hits
+        alone = col.search(query=word, mode="bm25").hits
         assert col.query("SELECT count(*) FROM chunks")[0][0] > 0
+    assert hits and hits[0].source == source
+    assert [h.chunk_id for h in hits] == [h.chunk_id for h in alone]
 
 
 def test_bm25_uses_or_semantics_stemming_and_stop_words(bm25_index):
@@ -223,19 +236,56 @@ def test_every_operation_leaves_the_index_dir_byte_identical(dense_index, tmp_pa
         hit = col.search(query="solar panels", mode="bm25").hits[0]
         col.fetch_chunk(hit.chunk_id)
         col.status()
-        for failing in (
-            lambda: col.fetch_chunk("c_" + "f" * 24),
-            lambda: col.search(query="x", rerank=True),
-            lambda: col.search(query="x", mode="dense", vector=[1.0]),
+        # Each refusal is the specific error for it (not any exception, such as one from a write).
+        for failing, error, words in (
+            (lambda: col.fetch_chunk("c_" + "f" * 24), ChunkNotFound, "not found"),
+            (lambda: col.search(query="x", rerank=True), RerankNotConfigured, "no reranker"),
+            (lambda: col.search(query="x", mode="dense", vector=[1.0]), InvalidRequest, "dimensions"),
         ):
-            with pytest.raises(Exception):
+            with pytest.raises(error, match=words):
                 failing()
     list_collections(dense_index)
-    for bad in ("missing", "../x"):
-        with pytest.raises(Exception):
+    for bad, error in (("missing", CollectionNotFound), ("../x", InvalidCollectionName)):
+        with pytest.raises(error):
             Collection.open(bad, index_dir=dense_index)
     assert snapshot(dense_index) == before
     assert sorted(p.name for p in dense_index.rglob("*")) == names_before
+
+
+def _assert_takes_no_lock(reader, path):
+    """With ``reader`` inside a read transaction, a writer still gets an EXCLUSIVE lock at once:
+    an ``immutable=1`` reader takes no file locks (``mode=ro`` alone would hold a SHARED one)."""
+    import sqlite3
+
+    reader.execute("BEGIN")
+    assert reader.execute("SELECT count(*) FROM chunks").fetchone()[0] > 0
+    writer = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        writer.execute("BEGIN EXCLUSIVE")  # "database is locked" if the reader held a lock
+        writer.execute("ROLLBACK")
+    finally:
+        writer.close()
+        reader.execute("ROLLBACK")
+
+
+async def test_readers_take_no_locks_and_leave_no_side_files(bm25_index, corpus):
+    """Collections are read with no locks (an ingest's rename never waits, a crashed reader
+    never blocks): through Collection and through the database Datasette serves."""
+    from datasette.app import Datasette
+
+    path = bm25_index / "energy.sqlite3"
+    before = snapshot(bm25_index)
+    with Collection.open("energy", index_dir=bm25_index) as col:
+        _assert_takes_no_lock(col._conn, path)
+    ds = Datasette(files=[], immutables=[str(path)], metadata={"plugins": {"groundkit": {"base_dir": str(corpus)}}})
+    await ds.invoke_startup()
+    conn = ds.get_database("energy").connect()
+    try:
+        _assert_takes_no_lock(conn, path)
+    finally:
+        conn.close()
+    assert snapshot(bm25_index) == before
+    assert not [p.name for p in bm25_index.iterdir() if p.name.endswith(("-journal", "-wal", "-shm"))]
 
 
 def test_a_newer_publish_is_detected(corpus, index_dir):
