@@ -26,7 +26,9 @@ from pydantic import BaseModel, ConfigDict
 from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.ingest import ingest
-from groundkit_datasette.mcp_server import STATUS_META_KEY, input_schema, output_schema
+from groundkit_datasette.mcp_server import (
+    ERROR_META_KEY, STATUS_META_KEY, input_schema, output_schema,
+)
 from groundkit_datasette.models import MAX_QUERY_CHARS, MAX_TOP_K
 from groundkit_datasette.tools import Tool, all_tools
 
@@ -86,9 +88,16 @@ async def json_call(client, tool_name, arguments):
 
 
 def mcp_body(result):
-    """(status, structured content) of an MCP tool result, in the JSON API's terms."""
+    """(status, body) of an MCP tool result, in the JSON API's terms.
+
+    An error result carries its body as text and in ``_meta``, never as
+    ``structuredContent``: that would have to match the tool's ``outputSchema``.
+    """
     if result.is_error:
-        return result.meta[STATUS_META_KEY], result.structured_content
+        assert result.structured_content is None
+        body = result.meta[ERROR_META_KEY]
+        assert json.loads(result.content[0].text) == body
+        return result.meta[STATUS_META_KEY], body
     return 200, result.structured_content
 
 
@@ -183,9 +192,10 @@ async def check_parity(client, json_client, *, private_visible=False):
 
     # Only MCP can omit the collection: refused through the same validation wording.
     result = await client.call_tool("search", {"query": "x"})
-    assert result.is_error and mcp_body(result)[0] == 422
-    assert result.structured_content["error"] == "malformed_request"
-    assert "collection" in result.structured_content["detail"]
+    status, body = mcp_body(result)
+    assert result.is_error and status == 422
+    assert body["error"] == "malformed_request"
+    assert "collection" in body["detail"]
 
 
 # -- stdio ----------------------------------------------------------------------
@@ -412,9 +422,10 @@ async def test_internal_errors_never_reach_the_client(exploding_server):
         result = await client.call_tool("explode", {})
     async with httpx.AsyncClient(base_url=server.url) as json_client:
         r = await json_client.get("/-/groundkit/explode.json")
-    assert result.is_error and result.structured_content["error"] == "internal_error"
+    status, body = mcp_body(result)
+    assert result.is_error and (status, body["error"]) == (500, "internal_error")
     assert r.status_code == 500 and r.json()["error"] == "internal_error"
-    assert drop_volatile(result.structured_content) == drop_volatile(r.json())
+    assert drop_volatile(body) == drop_volatile(r.json())
     wire = result.model_dump_json(by_alias=True) + r.text
     for leak in ("SENTINEL", "boom", "Traceback", "/etc/secret", "RuntimeError", "ValueError"):
         assert leak not in wire
