@@ -134,7 +134,10 @@ async def check_tools_listed(client, expected_tools):
         assert mcp_tool.input_schema["additionalProperties"] is False
         assert mcp_tool.output_schema == output_schema(tool)
         required = mcp_tool.input_schema.get("required", [])
-        props = mcp_tool.input_schema["properties"]
+        props = mcp_tool.input_schema.get("properties", {})
+        # An agent sees only the schema: every argument says what it is for.
+        undescribed = [p for p, s in props.items() if not s.get("description", "").strip()]
+        assert not undescribed, (tool.name, undescribed)
         if tool.scope == "collection":
             assert "collection" in required and props["collection"]["type"] == "string"
         else:
