@@ -248,10 +248,14 @@ def _rpc_error(message_id, code: int, message: str, request_id: str) -> dict:
 
 
 def _message_id(value):
-    """The id of a request we refuse, when it is a valid JSON-RPC id; else None (``null``)."""
+    """The id of a request we refuse, so the client can match the answer: a numeric id only.
+
+    A string id is the caller's text, which no refusal repeats; the answer then
+    names ``null``, as for a message whose id could not be read.
+    """
     if isinstance(value, dict):
         mid = value.get("id")
-        if isinstance(mid, str) or (isinstance(mid, int) and not isinstance(mid, bool)):
+        if isinstance(mid, int) and not isinstance(mid, bool):
             return mid
     return None
 

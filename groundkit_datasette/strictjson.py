@@ -1,11 +1,12 @@
 """One reading of untrusted JSON text, for every surface that parses a caller's bytes.
 
-``loads`` accepts only what every JSON reader agrees on: UTF-8 without
-invalid sequences, no lone surrogates (``"\\ud800"`` decodes to a string that
-cannot be encoded again), no ``NaN``/``Infinity``, and at most ``MAX_DEPTH``
-levels of nesting (deeper text would otherwise end in a ``RecursionError``
-somewhere downstream). Its messages are fixed text: nothing of the input is
-repeated.
+``loads`` refuses what would break a reader further on: invalid UTF-8, lone
+surrogates (``"\\ud800"`` decodes to a string that cannot be encoded again) and
+more than ``MAX_DEPTH`` levels of nesting (deeper text would otherwise end in a
+``RecursionError`` somewhere downstream). ``NaN`` and ``Infinity`` parse as
+Python's json reads them, so the request models' own rule (finite numbers)
+answers them, as on the JSON API. Messages are fixed text: nothing of the input
+is repeated.
 """
 
 from __future__ import annotations
@@ -37,17 +38,13 @@ class TooDeep(ValueError):
         self.value = value
 
 
-def _refuse_constant(_name):
-    raise ValueError("NaN and Infinity are not JSON")
-
-
 def loads(raw: bytes | str, *, max_depth: int = MAX_DEPTH):
     """Parse ``raw`` or raise :class:`NotJSON` / :class:`TooDeep`."""
     try:
         text = raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw
         if text.startswith("\ufeff"):
             raise ValueError("byte order mark")
-        value = json.loads(text, parse_constant=_refuse_constant)
+        value = json.loads(text)
     except RecursionError:
         raise TooDeep(f"JSON nested more than {max_depth} levels deep") from None
     except (ValueError, UnicodeDecodeError):

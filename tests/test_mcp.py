@@ -487,8 +487,8 @@ MALFORMED = [
     (b"[" * 100_000 + b"]" * 100_000, -32600, None),  # RecursionError depth
     (encoded(call_line(10, query="x", vector=nested(100))), -32600, 10),
     (encoded({"id": 11, "params": {SENTINEL: 1}}), -32600, 11),  # JSON, not JSON-RPC
+    (encoded({"jsonrpc": "2.0", "id": SENTINEL, "params": 1}), -32600, None),  # a text id is not repeated
     (encoded([{"jsonrpc": "2.0", "id": 12, "method": "tools/list"}]), -32600, None),  # a batch
-    (b'{"jsonrpc": "2.0", "id": 13, "method": "tools/list", "x": NaN}', -32700, None),
 ]
 
 
