@@ -18,7 +18,6 @@ import os
 import sys
 import uuid
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
 
 import mcp_types as types
 from mcp.server.lowlevel import Server

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from groundkit_datasette.datasette_mcp_bridge import PREFIX
 from groundkit_datasette.mcp_server import ERROR_META_KEY, STATUS_META_KEY, input_schema, output_schema
 from groundkit_datasette.tools import all_tools
 
@@ -73,8 +74,11 @@ async def first_chunk_id(built):
     return ds, body["hits"][0]["chunk_id"]
 
 
-def plan(chunk_id):
-    """(calls, expectations): every tool once successfully, then each kind of error."""
+def plan(chunk_id, prefix=""):
+    """(calls, expectations): every tool once successfully, then each kind of error.
+
+    ``prefix`` names the tools as datasette-mcp's ``/-/mcp`` lists them (``groundkit_``).
+    """
     ok = [
         ("list_collections", {}),
         ("index_status", {"collection": "energy"}),
@@ -96,23 +100,25 @@ def plan(chunk_id):
         ("fetch_chunk", {"collection": "energy", "chunk_id": "not-a-chunk"}, 422, "malformed_request"),
         ("index_status", {"collection": "private"}, 404, "collection_not_found"),
     ]
-    calls = [{"name": n, "arguments": a} for n, a in ok]
-    calls += [{"name": n, "arguments": a} for n, a, _s, _k in errors]
-    calls.append({"name": "no_such_tool", "arguments": {}})
+    calls = [{"name": prefix + n, "arguments": a} for n, a in ok]
+    calls += [{"name": prefix + n, "arguments": a} for n, a, _s, _k in errors]
+    if not prefix:  # an unknown name on datasette-mcp's server is that server's own answer
+        calls.append({"name": "no_such_tool", "arguments": {}})
     return calls, ok, errors
 
 
-async def check_output(out, ds, ok, errors):
-    tools = {t.name: t for t in all_tools()}
+async def check_output(out, ds, ok, errors, prefix=""):
+    tools = {prefix + t.name: t for t in all_tools()}
     listed = {t["name"]: t for t in out["tools"]}
-    assert set(listed) == set(tools)
+    assert set(listed) == set(tools) if not prefix else set(tools) <= set(listed)
     for name, tool in tools.items():
         assert listed[name]["inputSchema"] == input_schema(tool)
         assert listed[name]["outputSchema"] == output_schema(tool)
         assert listed[name]["annotations"]["readOnlyHint"] is True
-    assert out["server"]["name"] == "groundkit"
+    if not prefix:
+        assert out["server"]["name"] == "groundkit"
     calls = out["calls"]
-    assert len(calls) == len(ok) + len(errors) + 1
+    assert len(calls) == len(ok) + len(errors) + (0 if prefix else 1)
 
     for (name, arguments), call in zip(ok, calls):
         assert call["threw"] is False, (name, call.get("error"))
@@ -147,6 +153,8 @@ async def check_output(out, ds, ok, errors):
         assert json_status == status and drop_volatile(json_body) == drop_volatile(body)
         assert "SENTINEL" not in json.dumps(result)
 
+    if prefix:
+        return
     unknown = calls[-1]
     assert unknown["threw"] is True and unknown["error"]["code"] == -32602
     assert "unknown tool" in unknown["error"]["message"]
@@ -221,3 +229,11 @@ async def test_typescript_client_over_streamable_http(node, built, datasette_ser
     assert all(r["status"] == 405 and r["allow"] == "POST" for r in gets), gets
     assert snapshot(built["index_dir"]) == built["before"]
 
+
+
+async def test_typescript_client_inside_datasette_mcp(node, built, datasette_server, tmp_path):
+    """Our tools on datasette-mcp's ``/-/mcp`` (installed by the test extra) read the same way."""
+    ds, chunk_id = await first_chunk_id(built)
+    calls, ok, errors = plan(chunk_id, prefix=PREFIX)
+    out = run_client(node, tmp_path, {"type": "http", "url": datasette_server + "/-/mcp"}, calls)
+    await check_output(out, ds, ok, errors, prefix=PREFIX)
