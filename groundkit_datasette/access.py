@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 from datasette import hookimpl
 
 from .auth import ABSENT, Authenticator, Outcome
+from .logs import REQUEST_LINE
 from .outbound import classify_address
 from .service import ErrorInfo
 
@@ -36,6 +37,8 @@ GUARD_MARK = "/-/groundkit"
 # Per-request authentication result, so the token is verified once per request
 # although both this wrapper and Datasette's own actor lookup ask for it.
 AUTH_SCOPE_KEY = "groundkit.auth"
+# The route shape of this request for log lines (never its query string).
+ROUTE_SCOPE_KEY = "groundkit.route"
 LOOPBACK_NAMES = frozenset({"localhost", "localhost."})
 _PORT = re.compile(r"^:[0-9]{1,5}$")
 # Datasette actions that read a collection's tables directly, bypassing document permissions.
@@ -117,7 +120,16 @@ def loopback_origin(value: str) -> bool:
     return loopback_host_header(parts.netloc)
 
 
-# -- which requests are guarded -------------------------------------------------------
+# -- which requests are open ----------------------------------------------------------
+#
+# The boundary is the whole Datasette instance (adr/0011): every HTTP path, Datasette's own
+# and any plugin's, is refused off loopback, under a foreign Host or Origin, and without an
+# actor on a published server. The only paths that skip *authentication* are static assets:
+# files shipped in Datasette's and plugins' packages, the same for every installation, which
+# hold no corpus data. Loopback, Host and Origin apply to them too.
+
+STATIC_PREFIXES = ("/-/static/", "/-/static-plugins/")
+STATIC_PATHS = frozenset({"/favicon.ico"})
 
 
 def _paths(scope) -> list[str]:
@@ -143,41 +155,30 @@ def is_database_list(datasette, scope) -> bool:
     return any(_DATABASE_LIST.fullmatch(_strip_base_url(datasette, p)) for p in _paths(scope))
 
 
-def is_guarded(datasette, scope) -> bool:
-    paths = _paths(scope)
-    if any(GUARD_MARK in p for p in paths):
+def _is_asset(path: str) -> bool:
+    if path in STATIC_PATHS:
         return True
-    return any(_names_collection(datasette, p) for p in paths)
-
-
-def _names_collection(datasette, path: str) -> bool:
-    """Whether ``path`` is one of Datasette's own pages of a collection database."""
-    from datasette.utils import tilde_decode
-
-    from .names import NAME_PATTERN
-    from .plugin import registry_for, settings_for
-    from .schema import is_collection_file
-
-    path = _strip_base_url(datasette, path)
-    segment = path.lstrip("/").split("/", 1)[0]
-    if not segment or segment == "-":
+    if not path.startswith(STATIC_PREFIXES):
         return False
-    candidates = {segment, segment.rsplit(".", 1)[0]}
-    for name in list(candidates):
-        try:
-            candidates.add(tilde_decode(name))
-        except Exception:  # not tilde-encoded: the name as it is
-            pass
-    registry = registry_for(datasette)
-    index_dir = settings_for(datasette).index_dir
-    for name in candidates:
-        if registry.database_path(name) is not None:
-            return True
-        # Before start-up has attached ``index_dir``, its files still count.
-        if index_dir is not None and NAME_PATTERN.fullmatch(name):
-            if is_collection_file(index_dir / f"{name}.sqlite3"):
-                return True
-    return False
+    # Encoded separators or dot segments could reach a route other than the asset server.
+    lowered = path.lower()
+    return "/../" not in path and "%2f" not in lowered and "%2e" not in lowered and "\\" not in path
+
+
+def is_open_asset(datasette, scope) -> bool:
+    """Whether every spelling of this request's path is a static asset (no authentication)."""
+    return all(_is_asset(_strip_base_url(datasette, p)) for p in _paths(scope))
+
+
+def is_public_path(datasette, scope, public_paths) -> bool:
+    """Paths an operator opened to anonymous callers (a login page of another plugin)."""
+    if not public_paths:
+        return False
+    paths = [_strip_base_url(datasette, p) for p in _paths(scope)]
+    return all(
+        any(p == pub or (pub.endswith("/") and p.startswith(pub)) for pub in public_paths)
+        for p in paths
+    )
 
 
 # -- authentication ---------------------------------------------------------------------
@@ -266,8 +267,12 @@ _REQUIRED = (
 )
 
 
-async def refusal(datasette, scope, receive) -> tuple[tuple[int, str, str], dict] | None:
-    """Why this guarded request is refused, or None; and the scope to pass on."""
+async def refusal(datasette, scope, receive, *, authenticate=True):
+    """Why this request is refused, or None; and the scope to pass on.
+
+    ``authenticate=False`` (static assets, operator-listed public paths) keeps the
+    loopback, Host and Origin rules and skips only "published means authenticated".
+    """
     from .plugin import settings_for
 
     settings = settings_for(datasette)
@@ -280,6 +285,8 @@ async def refusal(datasette, scope, receive) -> tuple[tuple[int, str, str], dict
         origins = _header_values(scope, b"origin")
         if origins and (len(origins) > 1 or not loopback_origin(origins[0])):
             return _ORIGIN, scope
+    if not authenticate:
+        return None, scope
     outcome = await authenticate_scope(datasette, scope)
     scope = dict(scope, **{AUTH_SCOPE_KEY: outcome})
     if outcome.state == "unavailable":
@@ -313,7 +320,10 @@ async def database_list_refusal(datasette, scope, receive):
 
 async def send_refusal(scope, send, status: int, kind: str, detail: str) -> None:
     request_id = uuid.uuid4().hex
-    access_log.info("request_id=%s refused status=%s error=%s", request_id, status, kind)
+    access_log.info(
+        "request_id=%s method=%s route=%s refused status=%s error=%s", request_id,
+        scope.get("method", "WS"), scope.get(ROUTE_SCOPE_KEY, "-"), status, kind,
+    )
     if scope["type"] == "websocket":
         await send({"type": "websocket.close", "code": 1008})
         return
@@ -333,20 +343,97 @@ async def send_refusal(scope, send, status: int, kind: str, detail: str) -> None
     await send({"type": "http.response.body", "body": body})
 
 
-@hookimpl
+def _route_label(datasette, scope) -> str:
+    """A path for the log line with nothing the caller chose beyond the route's shape."""
+    from .logs import route_label
+
+    return route_label(_strip_base_url(datasette, scope.get("path") or ""))
+
+
+# Security headers for every answer (adr/0011). groundkit's own pages get a full policy:
+# their scripts and styles are files, and the one inline script Datasette's base template
+# carries is allowed by its hash. Datasette's and other plugins' pages keep their inline
+# scripts, so they get the framing and plugin rules only.
+_COMMON_HEADERS = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+)
+_BASE_CSP = "frame-ancestors 'none'; object-src 'none'; base-uri 'self'"
+
+
+def _inline_script_hashes() -> list[str]:
+    import base64
+    import hashlib
+    from pathlib import Path
+
+    import datasette
+
+    hashes = []
+    template = Path(datasette.__file__).parent / "templates" / "_close_open_menus.html"
+    try:
+        text = template.read_text("utf-8")
+    except OSError:
+        return hashes
+    for body in re.findall(r"<script>(.*?)</script>", text, flags=re.S):
+        digest = hashlib.sha256(body.encode("utf-8")).digest()
+        hashes.append("'sha256-" + base64.b64encode(digest).decode() + "'")
+    return hashes
+
+
+GROUNDKIT_CSP = (
+    "default-src 'self'; script-src 'self' " + " ".join(_inline_script_hashes()) + "; "
+    "style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; "
+    "frame-ancestors 'none'; object-src 'none'; base-uri 'none'"
+)
+
+
+def _with_security_headers(scope, send):
+    groundkit_page = GUARD_MARK in (scope.get("path") or "")
+
+    async def send_with_headers(message):
+        if message.get("type") == "http.response.start":
+            headers = list(message.get("headers") or [])
+            present = {k.lower() for k, _ in headers}
+            for name, value in _COMMON_HEADERS:
+                if name not in present:
+                    headers.append((name, value))
+            if b"content-security-policy" not in present:
+                content_type = b""
+                for k, v in headers:
+                    if k.lower() == b"content-type":
+                        content_type = v.lower()
+                policy = GROUNDKIT_CSP if groundkit_page and b"text/html" in content_type else _BASE_CSP
+                headers.append((b"content-security-policy", policy.encode()))
+            message = dict(message, headers=headers)
+        await send(message)
+
+    return send_with_headers
+
+
+@hookimpl(trylast=True)
 def asgi_wrapper(datasette):
+    """The instance boundary. ``trylast``: applied last, so it is the outermost wrapper and
+    runs before any other plugin's wrapper, route or view."""
+
     def wrap(app):
         async def groundkit_access(scope, receive, send):
             if scope.get("type") not in ("http", "websocket"):
                 return await app(scope, receive, send)
+            from .plugin import settings_for
+
+            route = _route_label(datasette, scope)
+            scope = dict(scope, **{ROUTE_SCOPE_KEY: route})
+            REQUEST_LINE.set((scope.get("method", "WS"), route))
+            if scope["type"] == "http":
+                send = _with_security_headers(scope, send)
             if is_database_list(datasette, scope):
                 refused, scope = await database_list_refusal(datasette, scope, receive)
-                if refused is not None:
-                    return await send_refusal(scope, send, *refused)
-                return await app(scope, receive, send)
-            if not is_guarded(datasette, scope):
-                return await app(scope, receive, send)
-            refused, scope = await refusal(datasette, scope, receive)
+            else:
+                open_path = is_open_asset(datasette, scope) or is_public_path(
+                    datasette, scope, settings_for(datasette).public_paths
+                )
+                refused, scope = await refusal(datasette, scope, receive, authenticate=not open_path)
             if refused is not None:
                 return await send_refusal(scope, send, *refused)
             return await app(scope, receive, send)
@@ -362,7 +449,14 @@ def asgi_wrapper(datasette):
 @hookimpl(trylast=True)
 def permission_allowed(datasette, actor, action, resource):
     """Datasette's table, SQL and download views cannot apply document permissions, so
-    they are closed on any collection that has documents with an access list."""
+    they are closed on any collection that has (or had) documents with an access list.
+
+    The file now at the path decides here; the connection that runs the query decides
+    again (``acl.deny_row_reads``), so a publish between the two leaks nothing. A download
+    streams whatever file is at the path when it starts, so collections are never
+    downloaded over HTTP. ``--crossdb`` attaches every file to ``_memory``, outside both
+    checks, so ``_memory`` SQL is closed while any attached collection is protected.
+    """
     if action not in RAW_READ_ACTIONS:
         return None
     database = resource[0] if isinstance(resource, (tuple, list)) else resource
@@ -371,10 +465,57 @@ def permission_allowed(datasette, actor, action, resource):
     from .acl import collection_has_acl
     from .plugin import registry_for
 
-    path = registry_for(datasette).database_path(database)
-    if path is None or not collection_has_acl(path):
+    registry = registry_for(datasette)
+    if database == "_memory" and getattr(datasette, "crossdb", False):
+        if any(collection_has_acl(registry.database_path(n)) for n in registry.candidate_names()):
+            return False
+        return None
+    path = registry.database_path(database)
+    if path is None:
+        return None
+    if action == "view-database-download":
+        return False
+    if not collection_has_acl(path):
         return None
     return False
+
+
+# -- secrets in metadata -----------------------------------------------------------------
+
+# What Datasette's /-/metadata pages may show of groundkit's block. Everything else (token
+# hashes, OIDC issuer and JWKS URL, endpoint options, directories) is replaced.
+PUBLIC_SETTINGS = frozenset({"embedder", "reranker", "allow_remote_access", "allow_anonymous"})
+HIDDEN = "[hidden by groundkit]"
+
+
+def _scrubbed(value):
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key == "plugins" and isinstance(item, dict) and isinstance(item.get("groundkit"), dict):
+                item = dict(item)
+                item["groundkit"] = {
+                    k: (v if k in PUBLIC_SETTINGS else HIDDEN) for k, v in item["groundkit"].items()
+                }
+                out[key] = {k: _scrubbed(v) if k != "groundkit" else v for k, v in item.items()}
+            else:
+                out[key] = _scrubbed(item)
+        return out
+    if isinstance(value, list):
+        return [_scrubbed(v) for v in value]
+    return value
+
+
+def hide_secrets(datasette) -> None:
+    """Take groundkit's secrets out of the metadata Datasette serves, once they are read.
+
+    Called at start-up after the settings are parsed and cached (``settings_for``); the
+    settings object is then the only holder of the values. A copy replaces Datasette's
+    dict, so a caller's own metadata object is left as it was.
+    """
+    local = getattr(datasette, "_metadata_local", None)
+    if isinstance(local, dict):
+        datasette._metadata_local = _scrubbed(local)
 
 
 # -- start-up -------------------------------------------------------------------------------

@@ -221,9 +221,49 @@ class Access:
 _has_acl_cache: dict[str, tuple[object, bool]] = {}
 _has_acl_lock = threading.Lock()
 
+# The manifest key ingest sets once any document of any version had an access list.
+STICKY_KEY = "access_lists"
+
+
+def connection_is_protected(conn: sqlite3.Connection) -> bool:
+    """Whether the collection version open on ``conn`` has, or ever had, access lists.
+
+    Asked of the very connection that answers the query, never of the file now at the
+    path: a publish between the two must not change the answer (adr/0011).
+    """
+    try:
+        sticky = conn.execute(
+            "SELECT 1 FROM groundkit_manifest WHERE key = ? AND value = '1'", (STICKY_KEY,)
+        ).fetchone()
+        if sticky:
+            return True
+        return conn.execute("SELECT 1 FROM documents WHERE acl IS NOT NULL LIMIT 1").fetchone() is not None
+    except sqlite3.Error:
+        return True  # unknown: closed
+
+
+# Schema tables, and FTS5's configuration table, which its module reads to describe the
+# table (Datasette's column lookups); its index and content tables stay closed.
+_UNGUARDED_TABLES = frozenset(
+    {"sqlite_master", "sqlite_schema", "sqlite_temp_master", "chunks_fts_config"}
+)
+
+
+def deny_row_reads(action, arg1, arg2, _db, _trigger):
+    """SQLite authorizer for a protected version's raw connections: any column read is
+    refused (schema and row counts stay readable), so no query a permission check let
+    through can return a document's text."""
+    if action == sqlite3.SQLITE_READ and arg2 and arg1 not in _UNGUARDED_TABLES:
+        return sqlite3.SQLITE_DENY
+    return sqlite3.SQLITE_OK
+
 
 def collection_has_acl(path: Path) -> bool:
-    """Whether any document of the collection file at ``path`` carries an access list."""
+    """Whether the collection file now at ``path`` is protected (see connection_is_protected).
+
+    Only for decisions that are re-checked against the version read: Datasette's
+    ``permission_allowed`` (backed by ``deny_row_reads`` on the connection that runs the
+    query). groundkit's own surfaces ask the open ``Collection``."""
     from .collection import FileIdentity
     from .schema import connect_readonly
 
@@ -239,14 +279,14 @@ def collection_has_acl(path: Path) -> bool:
     try:
         conn = connect_readonly(Path(path))
         try:
-            found = conn.execute("SELECT 1 FROM documents WHERE acl IS NOT NULL LIMIT 1").fetchone()
+            found = connection_is_protected(conn)
         finally:
             conn.close()
     except sqlite3.Error:
         return True
     with _has_acl_lock:
-        _has_acl_cache[key] = (identity, found is not None)
-    return found is not None
+        _has_acl_cache[key] = (identity, found)
+    return found
 
 
 class ScopedCollection:
@@ -275,7 +315,7 @@ class ScopedCollection:
         """None when nothing in the collection is hidden from this reader."""
         if self._access is None:
             col = self._collection
-            if not collection_has_acl(col.path):
+            if not col.protected:  # the version this collection object reads, not the file now
                 return None
             sql, params = self.reader.readable_sql("d")
             hidden = col.query(
@@ -318,9 +358,11 @@ class ScopedCollection:
             "SELECT count(*) FROM chunks WHERE document_id NOT IN (SELECT value FROM json_each(?))",
             (hidden,),
         )[0][0]
-        return status.model_copy(
-            update={"documents": documents, "chunks": chunks, "bm25_terms": self._terms(hidden)}
-        )
+        update = {"documents": documents, "chunks": chunks, "bm25_terms": self._terms(hidden)}
+        if status.vectors is not None:  # counted over readable chunks only, like the rest
+            update["vectors"] = (chunks if status.vectors >= status.chunks
+                                 else col.vector_count(access.hidden_documents))
+        return status.model_copy(update=update)
 
     def _terms(self, hidden_json: str) -> int:
         """Distinct BM25 terms in the readable chunks, so the vocabulary size leaks nothing."""

@@ -74,8 +74,14 @@ def verify_citation(
     content: str,
     base_dir: Path | None,
     context_chars: int = 400,
+    encoding: str | None = None,
 ) -> Verification:
-    """Whether ``content`` still sits at ``[start:end)`` of the re-extracted source."""
+    """Whether ``content`` still sits at ``[start:end)`` of the re-extracted source.
+
+    ``encoding`` is the codec recorded at ingest: the source is decoded with it, not with
+    whatever the extractor would choose for today's bytes. None (older collections) lets
+    the extractor choose, as it did then.
+    """
     if base_dir is None:
         return _unresolvable("no base directory configured")
     try:
@@ -85,7 +91,7 @@ def verify_citation(
                 f"extractor {extractor} version {extractor_version} is not available"
             )
         data = _read_bounded(path, real_base)
-        text = _reextract(data, source, source_class, extractor, extractor_version)
+        text = _reextract(data, source, source_class, extractor, extractor_version, encoding)
     except _Unresolvable as exc:
         return _unresolvable(exc.reason)
     return _compare(text, start, end, content, max(0, int(context_chars)))
@@ -183,11 +189,12 @@ def _check_opened_inside(fd: int, real_base: Path) -> None:
 
 
 def _reextract(
-    data: bytes, source: str, source_class: str, extractor: str, extractor_version: str
+    data: bytes, source: str, source_class: str, extractor: str, extractor_version: str,
+    encoding: str | None = None,
 ) -> str:
     # The suffix comes from the recorded source, as at ingest (not from a link's target).
     try:
-        extracted = extract_bytes(data, PurePosixPath(source).suffix)
+        extracted = extract_bytes(data, PurePosixPath(source).suffix, encoding=encoding)
     except Skipped:
         raise _Unresolvable(_NOT_EXTRACTABLE) from None
     except Exception:  # malformed input can fail in a parser in many ways

@@ -1,25 +1,71 @@
-"""The ``groundkit`` command line: a thin layer over the Python API."""
+"""The ``groundkit`` command line: a thin layer over the Python API.
+
+Exit statuses (README.md, "Exit statuses"): 0 success; 2 a usage error or a refused request
+(click's own code for usage errors); 1 any other error. ``ingest`` also exits 1 when some files
+failed and 3 when files failed and none was written; ``fetch-chunk`` exits 0 only for a verified
+citation, 3 for drifted and 4 for unresolvable.
+"""
 
 import json
 import logging
+import shlex
 import sys
 import time
+from pathlib import Path
 
 import click
 
 from .errors import GroundkitError
 
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+INGEST_SOME_FAILED = 1
+INGEST_ALL_FAILED = 3
+FETCH_DRIFTED = 3
+FETCH_UNRESOLVABLE = 4
+FETCH_EXIT = {"verified": 0, "drifted": FETCH_DRIFTED, "unresolvable": FETCH_UNRESOLVABLE}
+# Skipped and failed files the plain ingest summary names before pointing at -v / --json.
+SUMMARY_FILES = 5
 
-def _fail(error: GroundkitError):
+
+def _fail(error: GroundkitError, code: int | None = None):
     click.echo(f"Error: {error}", err=True)
-    sys.exit(2 if error.kind.startswith("invalid") else 1)
+    sys.exit(code if code is not None else EXIT_USAGE if error.kind.startswith("invalid") else EXIT_ERROR)
+
+
+def _explain(exc, model, names: dict[str, str]) -> str:
+    """A pydantic validation error in the CLI's words: which option, and the rule."""
+    messages = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        name = names.get(field, field)
+        ctx = error.get("ctx") or {}
+        kind = error["type"]
+        if kind == "string_too_short":
+            n = ctx.get("min_length", 1)
+            messages.append(f"{name} must not be empty" if n == 1
+                            else f"{name} must be at least {n} characters")
+        elif kind == "string_too_long":
+            messages.append(f"{name} must be at most {ctx.get('max_length')} characters")
+        elif kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+            low = high = None
+            for rule in model.model_fields[field].metadata:
+                low = getattr(rule, "ge", low)
+                high = getattr(rule, "le", high)
+            messages.append(f"{name} must be between {low} and {high}")
+        else:
+            messages.append(f"{name} is not valid")
+    return "; ".join(messages)
 
 
 @click.group()
 @click.version_option(package_name="groundkit-datasette")
-@click.option("-v", "--verbose", count=True, help="More log output on stderr.")
-def cli(verbose):
+@click.option("-v", "--verbose", count=True,
+              help="More log output on stderr (and every skipped or failed file from ingest).")
+@click.pass_context
+def cli(ctx, verbose):
     """Ingest documents into collections and search and cite them."""
+    ctx.ensure_object(dict)["verbose"] = verbose
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
@@ -68,7 +114,7 @@ class _Progress:
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @click.option("--collection", "-c", required=True, help="Collection name (letters, digits, - and _).")
 @click.option("--index-dir", default=".", show_default=True, type=click.Path(file_okay=False),
-              help="Directory holding <name>.sqlite3 and <name>.lance.")
+              help="Directory holding <name>.sqlite3 and <name>.lance (created private if missing).")
 @click.option("--base-dir", type=click.Path(file_okay=False),
               help="Only files under this directory are read; sources are stored relative to it. "
                    "Default: the common root of PATHS.")
@@ -80,12 +126,30 @@ class _Progress:
 @click.option("--chunk-overlap", default=100, show_default=True, type=int,
               help="Characters shared by consecutive chunks of one section.")
 @click.option("--exclude", multiple=True, metavar="GLOB", help="Skip files or directories matching GLOB.")
+@click.option("--group-readable/--private", "group_readable", default=None,
+              help="Let the files' group read the collection (files 0640, directories 0750), or "
+                   "not (0600 / 0700). Default: private for a new collection; a re-ingest keeps "
+                   "whether the group could read it.")
+@click.option("--verbose", "-v", "list_all", is_flag=True,
+              help="List every skipped and failed file with its reason.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
-def ingest(paths, collection, index_dir, base_dir, embedder, embedder_option, chunk_size,
-           chunk_overlap, exclude, as_json):
-    """Ingest files and directories into a collection (incremental)."""
+@click.pass_context
+def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_option, chunk_size,
+           chunk_overlap, exclude, group_readable, list_all, as_json):
+    """Ingest files and directories into a collection (incremental).
+
+    Exits 0 when every file was ingested or skipped, 1 when some files failed (the rest are
+    published), 3 when files failed and none was written, 2 on a usage error or a refusal
+    (nothing is written).
+    """
     from .ingest import Indexer
 
+    if chunk_size < 50:
+        raise click.UsageError("--chunk-size must be at least 50 (characters)")
+    if not 0 <= chunk_overlap < chunk_size // 2:
+        raise click.UsageError(
+            f"--chunk-overlap must be at least 0 and less than half of --chunk-size ({chunk_size})"
+        )
     options = _key_values(embedder_option, "--embedder-option")
     try:
         indexer = Indexer(
@@ -98,27 +162,49 @@ def ingest(paths, collection, index_dir, base_dir, embedder, embedder_option, ch
             chunk_overlap=chunk_overlap,
             exclude=exclude,
             progress=_Progress(),
+            group_readable=group_readable,
         )
         report = indexer.ingest(paths)
     except GroundkitError as error:
-        _fail(error)
+        _fail(error, EXIT_USAGE)  # refused before publishing: nothing was written
+    path = Path(index_dir) / f"{indexer.name}.sqlite3"
     if as_json:
-        click.echo(json.dumps(report.as_dict(), indent=2))
-        return
+        summary = report.as_dict()
+        summary["collection"] = indexer.name
+        summary["path"] = str(path) if path.exists() else None
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        _print_ingest_summary(report, path, list_all or (ctx.obj or {}).get("verbose", 0) > 0)
+    if report.failed:
+        sys.exit(INGEST_ALL_FAILED if report.written == 0 else INGEST_SOME_FAILED)
+
+
+def _print_ingest_summary(report, path: Path, list_all: bool) -> None:
     skipped = sum(report.skipped.values())
     click.echo(
         f"{report.added} added, {report.updated} updated, {report.unchanged} unchanged, "
         f"{report.removed} removed, {skipped} skipped, {report.failed} failed"
     )
-    for reason, count in sorted(report.skipped.items()):
-        click.echo(f"  skipped ({reason}): {count}")
-    for source, reason in report.failed_files:
-        click.echo(f"  failed: {source} ({reason})")
+    named = [("failed", s, r) for s, r in report.failed_files]
+    named += [("skipped", s, r) for s, r in report.skipped_files]
+    shown = named if list_all else named[:SUMMARY_FILES]
+    for kind, source, reason in shown:
+        click.echo(f"  {kind}: {source} ({reason})")
+    if len(shown) < len(named):
+        click.echo(f"  ... and {len(named) - len(shown)} more; run with -v (or --json) to list "
+                   "every file")
+    if report.vectors_restored:
+        click.echo(f"{report.vectors_restored} chunks had lost their vectors and were embedded again")
+    if not report.published and report.generation == 0:
+        click.echo("Nothing published: no document could be ingested.")
+        return
     click.echo(
         f"{report.chunks_written} chunks written ({report.chunks_embedded} embedded) in "
         f"{report.seconds:.2f} s, {report.chunks_per_second:.0f} chunks/s; "
         f"generation {report.generation}" + ("" if report.published else " (nothing changed)")
     )
+    click.echo(f"Collection: {path}")
+    click.echo(f"Serve it with: groundkit serve {shlex.quote(str(path))}")
 
 
 def _open(collection, index_dir, base_dir=None, reranker=None):
@@ -176,7 +262,9 @@ def search(collection, query, index_dir, mode, top_k, rerank, reranker, reranker
     try:
         request = SearchRequest(query=query, mode=mode, top_k=top_k, rerank=rerank, source=source)
     except ValidationError as exc:
-        raise click.UsageError("; ".join(e["msg"] for e in exc.errors())) from None
+        raise click.UsageError(_explain(exc, SearchRequest, {
+            "query": "QUERY", "top_k": "--top-k", "source": "--source", "mode": "--mode",
+        })) from None
     try:
         with _open(collection, index_dir,
                    reranker=_reranker_from_options(reranker, reranker_option)) as col:
@@ -189,10 +277,9 @@ def search(collection, query, index_dir, mode, top_k, rerank, reranker, reranker
     click.echo(f"{len(response.hits)} hits ({response.mode}, generation {response.generation}, "
                f"{response.timings_ms.get('total_ms', 0):.1f} ms)")
     for hit in response.hits:
-        where = f"{hit.source}:{hit.line_start}-{hit.line_end}"
-        click.echo(f"{hit.rank:>3}. {hit.score:.4f}  {where}  [{hit.chunk_id}]")
-        if hit.heading:
-            click.echo(f"     {hit.heading}")
+        click.echo(f"{hit.rank:>3}. {hit.score:.4f}  {_where(hit)}  [{hit.chunk_id}]")
+        if hit.heading.strip():
+            click.echo(f"     {hit.heading.strip()}")
         snippet = " ".join(hit.content.split())
         click.echo(f"     {snippet[:160]}{'...' if len(snippet) > 160 else ''}")
 
@@ -205,27 +292,43 @@ def search(collection, query, index_dir, mode, top_k, rerank, reranker, reranker
               help="Where sources are re-read from. Default: the base directory recorded at ingest.")
 @click.option("--json", "as_json", is_flag=True)
 def fetch_chunk(collection, chunk_id, index_dir, base_dir, as_json):
-    """Fetch a chunk and verify its citation against the current source."""
+    """Fetch a chunk and verify its citation against the current source.
+
+    Exits 0 only when the citation is verified: 3 when it drifted, 4 when it cannot be
+    checked (unresolvable), 1 when the collection or chunk is not found, 2 on a usage error.
+    """
     from pydantic import ValidationError
 
     try:
         with _open(collection, index_dir, base_dir=base_dir) as col:
             response = col.fetch_chunk(chunk_id)
     except ValidationError:
-        raise click.UsageError("chunk id must look like c_ followed by 24 hex digits") from None
+        raise click.UsageError("CHUNK_ID must be c_ followed by 24 hex digits") from None
     except GroundkitError as error:
         _fail(error)
+    c, v = response.chunk, response.verification
     if as_json:
         click.echo(response.model_dump_json(indent=2))
-        return
-    c, v = response.chunk, response.verification
-    click.echo(f"{c.source}:{c.line_start}-{c.line_end} [{c.start_offset}:{c.end_offset}] {c.heading}")
-    click.echo(f"{v.status}: {v.reason}")
-    if v.relocated is not None:
-        r = v.relocated
-        click.echo(f"now at lines {r.line_start}-{r.line_end} [{r.start_offset}:{r.end_offset}]")
-    click.echo("")
-    click.echo(c.content)
+    else:
+        heading = f" {c.heading.strip()}" if c.heading.strip() else ""
+        click.echo(f"{_where(c)} [{c.start_offset}:{c.end_offset}]{heading}")
+        click.echo(f"{v.status}: {v.reason}")
+        if v.relocated is not None:
+            r = v.relocated
+            click.echo(f"now at lines {r.line_start}-{r.line_end} [{r.start_offset}:{r.end_offset}]")
+        click.echo("")
+        click.echo(c.content)
+    sys.exit(FETCH_EXIT[v.status])
+
+
+def _where(citation) -> str:
+    """``source p. N`` for paged sources (PDF), else ``source:first-last`` lines."""
+    if citation.page_start is not None:
+        end = citation.page_end or citation.page_start
+        pages = (f"p. {citation.page_start}" if end == citation.page_start
+                 else f"pp. {citation.page_start}-{end}")
+        return f"{citation.source} {pages}"
+    return f"{citation.source}:{citation.line_start}-{citation.line_end}"
 
 
 @cli.command()
@@ -242,8 +345,34 @@ def status(collection, index_dir, as_json):
     if as_json:
         click.echo(response.model_dump_json(indent=2))
         return
-    for key, value in response.model_dump().items():
-        click.echo(f"{key}: {value}")
+    for label, value in _status_lines(response):
+        click.echo(f"{label:<12} {value}")
+
+
+def _status_lines(s) -> list[tuple[str, str]]:
+    lines = [
+        ("collection", s.collection),
+        ("generation", str(s.generation)),
+        ("schema", str(s.schema_version)),
+        ("documents", str(s.documents)),
+        ("chunks", str(s.chunks)),
+    ]
+    if s.embedding is None:
+        lines.append(("embedding", "none (BM25 only)"))
+    else:
+        e = s.embedding
+        lines.append(("embedding", f"{e.provider} {e.model}, {e.dimensions} dimensions"))
+        if s.vectors is not None:
+            lines.append(("vectors", f"{s.vectors} of {s.chunks} chunks"))
+    lines.append(("dense", "available" if s.dense_available
+                  else f"unavailable: {s.dense_unavailable_reason or 'unknown reason'}"))
+    if s.embedding is not None:
+        lines.append(("ann index", s.ann_index or "none (exact search)"))
+    if s.chunker:
+        lines.append(("chunker", f"{s.chunker.get('chunk_size')} characters, "
+                                 f"{s.chunker.get('chunk_overlap')} overlap"))
+    lines.append(("bm25 terms", str(s.bm25_terms)))
+    return lines
 
 
 @cli.command()
@@ -257,6 +386,8 @@ def collections(index_dir, as_json):
     if as_json:
         click.echo(response.model_dump_json(indent=2))
         return
+    if not response.collections:
+        click.echo(f"no collections in {index_dir}")
     for name in response.collections:
         click.echo(name)
 
@@ -326,6 +457,26 @@ def mcp(index_dir, base_dir, metadata, as_user, groups):
         asyncio.run(serve())
     except KeyboardInterrupt:
         pass
+
+
+@cli.command("serve")
+@click.argument("targets", nargs=-1, metavar="[COLLECTION|INDEX_DIR]...")
+@click.option("--index-dir", default=".", show_default=True, type=click.Path(file_okay=False),
+              help="Where COLLECTION names are looked up; served whole when no target is given.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on: loopback unless --metadata publishes (allow_remote_access).")
+@click.option("--port", "-p", default=8001, show_default=True, type=click.IntRange(1, 65535))
+@click.option("--open", "open_browser", is_flag=True, help="Open the search page in a browser.")
+@click.option("--base-dir", type=click.Path(file_okay=False),
+              help="Where fetch_chunk re-reads sources to verify citations.")
+@click.option("--metadata", "-m", type=click.File("r"),
+              help="Datasette metadata (YAML or JSON): permissions, plugins.groundkit settings.")
+def serve_command(targets, index_dir, host, port, open_browser, base_dir, metadata):
+    """Browse and search collections in Datasette: loopback, read-only, the plugin loaded."""
+    from .serve import run
+
+    run(targets, index_dir=index_dir, host=host, port=port, open_browser=open_browser,
+        metadata_file=metadata, base_dir=base_dir)
 
 
 @cli.command("eval")

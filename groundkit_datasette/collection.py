@@ -68,11 +68,14 @@ class Collection:
             self._conn.close()
             raise
         self.generation = int(self.manifest.get("generation", "0"))
+        self._has_encoding = schema.has_encoding_column(self._conn)
         self._vectors = None
         self._vectors_loaded = False
+        self._vector_total = None
         self.postings_cache: dict = {}
         self._tie_ranks = None
         self._chunk_total = None
+        self._protected = None
         self.base_dir = Path(base_dir) if base_dir is not None else self._manifest_base_dir()
 
     @classmethod
@@ -117,6 +120,17 @@ class Collection:
             return False
 
     # -- low-level reads ------------------------------------------------------
+
+    @property
+    def protected(self) -> bool:
+        """Whether this version has (or a former one had) access lists; asked of this
+        object's own connection, so a publish cannot change the answer mid-request."""
+        if self._protected is None:
+            from .acl import connection_is_protected
+
+            with self._lock:
+                self._protected = connection_is_protected(self._conn)
+        return self._protected
 
     def query(self, sql: str, params=()) -> list[tuple]:
         with self._lock:
@@ -190,8 +204,10 @@ class Collection:
         rows = self.query(
             """SELECT c.chunk_id, c.document_id, c.chunk_index, d.source, d.title, c.start_offset,
                       c.end_offset, c.line_start, c.line_end, c.page_start, c.page_end, c.heading,
-                      c.content, c.content_hash, d.source_class, d.extractor, d.extractor_version
-               FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id = ?""",
+                      c.content, c.content_hash, d.source_class, d.extractor, d.extractor_version,
+                      {encoding}
+               FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id = ?""".format(
+                encoding="d.encoding" if self._has_encoding else "NULL"),
             (chunk_id,),
         )
         if not rows:
@@ -204,7 +220,7 @@ class Collection:
         )
         verification = verify_citation(
             source=r[3], source_class=r[14], extractor=r[15], extractor_version=r[16],
-            start=r[5], end=r[6], content=r[12], base_dir=self.base_dir,
+            start=r[5], end=r[6], content=r[12], base_dir=self.base_dir, encoding=r[17],
         )
         return ChunkResponse(
             collection=self.name, generation=self.generation, chunk=citation,
@@ -216,9 +232,17 @@ class Collection:
         chunks = self.query("SELECT count(*) FROM chunks")[0][0]
         terms = self.query("SELECT count(*) FROM bm25_vocab")[0][0]
         embedding = self.embedding
-        dense, reason = (embedding is not None), None
-        if embedding is None:
-            reason = "the collection was built without embeddings"
+        from .search import dense_unavailable_reason
+
+        # What this server can do, not only what the manifest records.
+        reason = dense_unavailable_reason(self)
+        vectors = None
+        if embedding is not None:
+            vectors = self.vector_count()
+            if reason is None and vectors < chunks:
+                reason = (f"vectors cover {vectors} of {chunks} chunks; "
+                          "re-run groundkit ingest to embed the rest")
+        dense = reason is None
         chunker = json.loads(self.manifest["chunker"]) if self.manifest.get("chunker") else None
         return IndexStatus(
             collection=self.name,
@@ -232,7 +256,29 @@ class Collection:
             ann_index=self.manifest.get("ann_index") or None,
             chunker=chunker,
             bm25_terms=terms,
+            vectors=vectors,
         )
+
+    def vector_count(self, hidden_documents=()) -> int:
+        """Chunks of this version that have a vector, leaving out ``hidden_documents``' chunks."""
+        try:
+            table = self.vectors()
+        except IndexInconsistent:
+            return 0
+        if table is None:
+            return 0
+        if not hidden_documents:
+            if self._vector_total is None:
+                self._vector_total = table.count_rows()
+            return self._vector_total
+        hidden = set(hidden_documents)
+        ids = table.to_arrow().select(["chunk_id", "document_id"]).to_pydict()
+        with_vector = {c for c, d in zip(ids["chunk_id"], ids["document_id"]) if d not in hidden}
+        readable = {r[0] for r in self.query(
+            "SELECT chunk_id FROM chunks WHERE document_id NOT IN (SELECT value FROM json_each(?))",
+            (json.dumps(sorted(hidden)),),
+        )}
+        return len(with_vector & readable)
 
 
 def _inside(path: Path, directory: Path) -> bool:

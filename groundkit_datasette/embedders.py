@@ -164,6 +164,11 @@ class MiniLMEmbedder(Embedder):
             )
         return found
 
+    def check_available(self) -> None:
+        """Raise EmbedderError unless the model files are installed (nothing is loaded)."""
+        if self._session is None:
+            self._model_files()
+
     def load(self) -> None:
         """Load the model now (otherwise the first ``embed`` does); thread-safe."""
         if self._session is not None:
@@ -284,6 +289,7 @@ class OpenAICompatibleEmbedder(outbound.GuardedHTTPService, Embedder):
         timeout: float = 30.0,
         batch_size: int = 64,
         allow_private: bool = False,
+        ca_bundle: str | None = None,
         resolver=None,
     ):
         from . import outbound
@@ -301,7 +307,7 @@ class OpenAICompatibleEmbedder(outbound.GuardedHTTPService, Embedder):
         self._endpoint = outbound.validate_endpoint(base_url, allow_private=allow_private)
         self.model_name = model
         self._dimensions = dimensions
-        self._init_http(timeout=timeout, api_key_env=api_key_env)
+        self._init_http(timeout=timeout, api_key_env=api_key_env, ca_bundle=ca_bundle)
         self.batch_size = batch_size
         self._resolver = resolver
 

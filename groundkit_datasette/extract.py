@@ -3,6 +3,12 @@
 Citation verification re-extracts the source and compares offsets, so
 the same bytes must always yield the same text, and text formats are
 kept verbatim (no newline normalisation; only a BOM is removed).
+
+Text that is not UTF-8 is decoded by a fixed rule, not guessed by a
+detector: a BOM (UTF-8 or UTF-16), else UTF-8, else Windows-1252, else
+Latin-1 (which decodes any bytes). The encoding used is returned with the
+text and recorded per document, and verification decodes with the
+recorded one (adr/0011-cli-text-encodings.md).
 """
 
 from __future__ import annotations
@@ -47,6 +53,8 @@ class Extracted:
     extractor: str
     extractor_version: str
     page_starts: tuple[int, ...] = ()
+    # Python codec name the text was decoded with (None for PDFs, which are not decoded).
+    encoding: str | None = None
 
 
 class Skipped(Exception):
@@ -112,7 +120,8 @@ def source_class_for(suffix: str, name: str = "") -> str | None:
     return "text"  # includes .txt, no suffix and unknown suffixes that decode
 
 
-def extract_file(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> Extracted:
+def extract_file(path: Path, *, max_bytes: int = MAX_FILE_BYTES,
+                 encoding: str | None = None) -> Extracted:
     path = Path(path)
     if source_class_for(path.suffix, path.name) is None:
         raise Skipped("unsupported type")
@@ -123,14 +132,18 @@ def extract_file(path: Path, *, max_bytes: int = MAX_FILE_BYTES) -> Extracted:
         data = path.read_bytes()
     except OSError:
         raise Skipped("unreadable") from None
-    return _extract(data, path.suffix, path.name, max_bytes)
+    return _extract(data, path.suffix, path.name, max_bytes, encoding)
 
 
 def extract_bytes(
-    data: bytes, suffix: str, *, max_bytes: int = MAX_FILE_BYTES
+    data: bytes, suffix: str, *, max_bytes: int = MAX_FILE_BYTES, encoding: str | None = None
 ) -> Extracted:
-    """Like extract_file, for content already in memory (``suffix`` as ".md")."""
-    return _extract(data, suffix, "", max_bytes)
+    """Like extract_file, for content already in memory (``suffix`` as ".md").
+
+    ``encoding`` (a codec name recorded at ingest) decodes text with that codec instead of
+    choosing one, so a citation is checked against the text it was cut from.
+    """
+    return _extract(data, suffix, "", max_bytes, encoding)
 
 
 def extractor_available(extractor: str, version: str) -> bool:
@@ -162,7 +175,8 @@ def _norm_suffix(suffix: str) -> str:
     return suffix
 
 
-def _extract(data: bytes, suffix: str, name: str, max_bytes: int) -> Extracted:
+def _extract(data: bytes, suffix: str, name: str, max_bytes: int,
+             encoding: str | None = None) -> Extracted:
     source_class = source_class_for(suffix, name)
     if source_class is None:
         raise Skipped("unsupported type")
@@ -171,15 +185,17 @@ def _extract(data: bytes, suffix: str, name: str, max_bytes: int) -> Extracted:
     if source_class == "pdf":
         return _extract_pdf(data)
     if source_class == "html":
-        text, title = _extract_html(data)
+        text, title, used = _extract_html(data, encoding)
         if not text.strip():
             raise Skipped("empty")
-        return Extracted(text, title, "html", "html", HTML_EXTRACTOR_VERSION)
-    text = _decode_text(data)
+        return Extracted(text, title, "html", "html", HTML_EXTRACTOR_VERSION, encoding=used)
+    used = encoding or _detect_text(data)
+    text = _decode(data, used)
     if not text.strip():
         raise Skipped("empty")
     return Extracted(
-        text, _title(text, source_class), source_class, "text", TEXT_EXTRACTOR_VERSION
+        text, _title(text, source_class), source_class, "text", TEXT_EXTRACTOR_VERSION,
+        encoding=used,
     )
 
 
@@ -198,23 +214,55 @@ def _looks_binary(data: bytes) -> bool:
     return controls * 20 > len(sample)
 
 
-def _decode_text(data: bytes) -> str:
+UTF_8 = "utf-8"
+UTF_16 = "utf-16"
+CP1252 = "cp1252"
+LATIN_1 = "iso8859-1"  # codecs' own name for Latin-1
+
+
+def _detect_text(data: bytes) -> str:
+    """The codec for a text file's bytes, by the fixed rule in the module docstring."""
     if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8) :]
-    elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        try:
-            text = data.decode("utf-16")  # the codec consumes the BOM
-        except UnicodeDecodeError:
-            raise Skipped("binary") from None
-        if "\x00" in text:
-            raise Skipped("binary")
-        return text
+        return UTF_8
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        return UTF_16
     if b"\x00" in data:
         raise Skipped("binary")
+    return _utf8_or_single_byte(data)
+
+
+def _utf8_or_single_byte(data: bytes) -> str:
     try:
-        return data.decode("utf-8")
+        data.decode("utf-8")
+        return UTF_8
     except UnicodeDecodeError:
-        raise Skipped("binary" if _looks_binary(data) else "not utf-8 text") from None
+        pass
+    if _looks_binary(data):
+        raise Skipped("binary")
+    try:
+        data.decode(CP1252)  # leaves five bytes undefined; Latin-1 decodes those too
+        return CP1252
+    except UnicodeDecodeError:
+        return LATIN_1
+
+
+def _decode(data: bytes, encoding: str) -> str:
+    """Decode with ``encoding`` exactly (a leading BOM removed); Skipped if it does not fit."""
+    try:
+        name = codecs.lookup(encoding).name
+    except LookupError:
+        raise Skipped("unknown encoding") from None
+    if name == UTF_8 and data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    elif name != UTF_16 and b"\x00" in data:
+        raise Skipped("binary")
+    try:
+        text = data.decode(name)  # utf-16 consumes its BOM
+    except UnicodeDecodeError:
+        raise Skipped("binary" if _looks_binary(data) else f"not {name} text") from None
+    if "\x00" in text:
+        raise Skipped("binary")
+    return text
 
 
 def _title(text: str, source_class: str) -> str | None:
@@ -235,22 +283,26 @@ def _title(text: str, source_class: str) -> str | None:
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.I)
 
 
-def _decode_html(data: bytes) -> str:
+def _detect_html(data: bytes) -> str:
+    """BOM, else UTF-8, else a ``<meta charset>`` that decodes, else the single-byte fallback."""
     if data.startswith((codecs.BOM_UTF8, codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        return _decode_text(data)
+        return _detect_text(data)
     if b"\x00" in data:
         raise Skipped("binary")
     try:
-        return data.decode("utf-8")
+        data.decode("utf-8")
+        return UTF_8
     except UnicodeDecodeError:
         pass
     m = _META_CHARSET.search(data[:4096])
     if m:
         try:
-            return data.decode(m.group(1).decode("ascii"))
+            name = codecs.lookup(m.group(1).decode("ascii")).name
+            data.decode(name)
+            return name
         except (LookupError, UnicodeDecodeError):
             pass
-    raise Skipped("binary" if _looks_binary(data) else "not utf-8 text")
+    return _utf8_or_single_byte(data)
 
 
 # Content never shown as text.
@@ -432,13 +484,14 @@ def _collapse(s: str) -> str:
     return _SPACE_RUN.sub(" ", s).strip()
 
 
-def _extract_html(data: bytes) -> tuple[str, str | None]:
+def _extract_html(data: bytes, encoding: str | None) -> tuple[str, str | None, str]:
+    used = encoding or _detect_html(data)
     parser = _HTMLText()
-    parser.feed(_decode_html(data))
+    parser.feed(_decode(data, used))
     parser.close()
     if parser.title is None and parser.title_parts:
         parser.title = _collapse("".join(parser.title_parts)) or None  # unclosed <title>
-    return parser.result(), parser.title or parser.h1
+    return parser.result(), parser.title or parser.h1, used
 
 
 # --------------------------------------------------------------------------

@@ -32,8 +32,8 @@ from .errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
 from .extract import Skipped, extract_bytes, page_for_offset
 from .plugins import DEFAULT_EMBEDDER
 from .names import lance_path, sqlite_path, validate_name
-from .schema import (check_stamp, create_schema, index_new_chunks, read_manifest,
-                     suspend_fts_trigger)
+from .schema import (add_encoding_column, check_stamp, create_schema, index_new_chunks,
+                     read_manifest, suspend_fts_trigger)
 from .vectors import VectorWriter
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,9 @@ DEFAULT_EXCLUDES = (
 )
 # Chunks gathered before one embedding call: amortises batching across small documents.
 EMBED_BATCH_CHUNKS = 256
+# (file mode, directory mode) of what ingest creates: the files hold the corpus.
+PRIVATE_MODES = (0o600, 0o700)
+GROUP_READABLE_MODES = (0o640, 0o750)
 
 
 @dataclass
@@ -69,6 +72,8 @@ class IngestReport:
     seconds: float = 0.0
     generation: int = 0
     published: bool = False
+    # Chunks whose vector was missing (a lost or incomplete <name>.lance) and was embedded again.
+    vectors_restored: int = 0
 
     @property
     def chunks_per_second(self) -> float:
@@ -93,7 +98,15 @@ class IngestReport:
             "chunks_per_second": round(self.chunks_per_second, 1),
             "generation": self.generation,
             "published": self.published,
+            "vectors_restored": self.vectors_restored,
+            "failed_files": [{"source": s, "reason": r} for s, r in self.failed_files],
+            "skipped_files": [{"source": s, "reason": r} for s, r in self.skipped_files],
         }
+
+    @property
+    def written(self) -> int:
+        """Documents this run added or rewrote (an access-list-only change counts)."""
+        return self.added + self.updated
 
 
 @dataclass
@@ -169,6 +182,7 @@ class Indexer:
         exclude: Iterable[str] = (),
         progress: Callable[[dict], None] | None = None,
         ann_threshold: int | None = None,
+        group_readable: bool | None = None,
     ):
         self.name = validate_name(name)
         self.index_dir = Path(index_dir)
@@ -185,6 +199,10 @@ class Indexer:
         self._exclude_pattern = re.compile("|".join(fnmatch.translate(g) for g in self.exclude))
         self.progress = progress or (lambda event: None)
         self.ann_threshold = ann_threshold
+        # None: a new collection is private, a re-ingest keeps whether its group could read it.
+        self.group_readable = group_readable
+        self._file_mode, self._dir_mode = PRIVATE_MODES
+        self._created_lance: Path | None = None
 
     # -- paths and files ---------------------------------------------------
 
@@ -284,12 +302,19 @@ class Indexer:
     def ingest(self, paths) -> IngestReport:
         started = time.perf_counter()
         base, roots = self._resolve_inputs(paths)
-        self.index_dir.mkdir(parents=True, exist_ok=True)
+        self._choose_modes()
+        if not self.index_dir.exists():
+            # Only a directory ingest creates is made private: an existing one is the user's.
+            self.index_dir.mkdir(parents=True, mode=self._dir_mode)
+            os.chmod(self.index_dir, self._dir_mode)  # mkdir's mode is filtered by the umask
         report = IngestReport()
         with self._write_lock():
             self._remove_stale_copies()
             work = self.index_dir / f".{self.name}.sqlite3.ingest-{os.getpid()}"
             try:
+                # Created with its final mode before any corpus text is written into it.
+                os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode))
+                os.chmod(work, self._file_mode)
                 conn = self._open_private_copy(work)
                 try:
                     # One transaction for the run (the copy is private): per-document commits
@@ -310,9 +335,36 @@ class Indexer:
             finally:
                 if work.exists():
                     work.unlink()
+                if not report.published and self._created_lance is not None and not self.path.exists():
+                    shutil.rmtree(self._created_lance, ignore_errors=True)  # nothing refers to it
         report.seconds = time.perf_counter() - started
         self.progress({"event": "done", "report": report})
         return report
+
+    def _choose_modes(self) -> None:
+        group = self.group_readable
+        if group is None:
+            try:
+                group = bool(self.path.stat().st_mode & stat.S_IRGRP)
+            except FileNotFoundError:
+                group = False
+        self._file_mode, self._dir_mode = GROUP_READABLE_MODES if group else PRIVATE_MODES
+
+    def _restrict_tree(self, root: Path) -> None:
+        """Give ``root`` and everything under it this run's modes (LanceDB creates its files 0644)."""
+        def chmod(path, mode):
+            try:
+                if stat.S_IMODE(os.lstat(path).st_mode) != mode:
+                    os.chmod(path, mode)
+            except FileNotFoundError:
+                pass
+
+        chmod(root, self._dir_mode)
+        for dirpath, dirnames, filenames in os.walk(root):
+            for d in dirnames:
+                chmod(os.path.join(dirpath, d), self._dir_mode)
+            for f in filenames:
+                chmod(os.path.join(dirpath, f), self._file_mode)
 
     def _write_lock(self):
         lock_path = self.index_dir / f".{self.name}.lock"
@@ -320,7 +372,11 @@ class Indexer:
 
         class _Lock:
             def __enter__(self):
-                self.fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+                self.fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, indexer._file_mode)
+                try:
+                    os.fchmod(self.fd, indexer._file_mode)
+                except OSError:  # another user's lock file: its mode is theirs
+                    pass
                 try:
                     fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
@@ -348,6 +404,7 @@ class Indexer:
             conn = sqlite3.connect(work)
             try:
                 check_stamp(conn)
+                add_encoding_column(conn)  # older collections: additive, NULL for their rows
             except Exception:
                 conn.close()
                 raise
@@ -403,7 +460,12 @@ class Indexer:
 
         vectors = None
         if embedder is not None:
-            vectors = VectorWriter(lance_path(self.index_dir, self.name), embedder.dimensions,
+            lance_dir = lance_path(self.index_dir, self.name)
+            if not lance_dir.exists():
+                lance_dir.mkdir(mode=self._dir_mode)
+                os.chmod(lance_dir, self._dir_mode)  # no one else may enter while LanceDB writes
+                self._created_lance = lance_dir
+            vectors = VectorWriter(lance_dir, embedder.dimensions,
                                    manifest.get("lance_version"),
                                    **({"ann_threshold": self.ann_threshold}
                                       if self.ann_threshold is not None else {}))
@@ -460,8 +522,10 @@ class Indexer:
 
         # Overlapping paths (a directory and what is inside it) name each file once, and a
         # root inside another directory root is not walked twice.
-        walked = [r for r in dict.fromkeys(roots)
-                  if not any(d.is_dir() and d in r.parents for d in roots)]
+        # One stat per root and a set lookup per parent: linear in the number of paths.
+        unique_roots = list(dict.fromkeys(roots))
+        dir_roots = {r for r in unique_roots if r.is_dir()}
+        walked = [r for r in unique_roots if not any(p in dir_roots for p in r.parents)]
         files = list({item[0]: item for root in walked for item in self._walk(base, root, report)}.values())
         self.progress({"event": "start", "total": len(files)})
         for done, (source, real) in enumerate(files, 1):
@@ -523,23 +587,72 @@ class Indexer:
         index_new_chunks(conn, first_new_row)
 
         # Prune documents whose files are gone from a directory root given in this run.
-        for root in roots:
-            if not root.is_dir():
-                continue
-            prefix = "" if root == base else root.relative_to(base).as_posix() + "/"
+        prefixes = tuple("" if root == base else root.relative_to(base).as_posix() + "/"
+                         for root in dir_roots)
+        if prefixes:
             for source, (document_id, *_rest) in existing.items():
-                if source.startswith(prefix) and source not in seen:
+                if source not in seen and source.startswith(prefixes):
                     conn.execute("DELETE FROM documents WHERE document_id = ?", (document_id,))
                     if vectors is not None:
                         vectors.replace_document(document_id, [], keep_ids=[])
                     report.removed += 1
                     changed = True
 
+        if vectors is not None and self._restore_missing_vectors(conn, embedder, vectors, report):
+            changed = True
+
+        if manifest.get("generation") is None and report.written == 0:
+            # A first run that wrote no document (every file failed or was skipped) publishes
+            # nothing: an empty generation 1 would look like a collection that worked.
+            return False, vectors
         if changed or rechunk or manifest.get("chunker") is None:
             changed = True
             self._write_manifest(conn, manifest, embedder, chunker, generation, base)
         report.generation = generation if changed else int(manifest.get("generation", "0"))
         return changed, vectors
+
+    def _restore_missing_vectors(self, conn, embedder, vectors, report: IngestReport) -> bool:
+        """Embed every chunk that has no vector, so a publish never leaves chunks without one.
+
+        Vectors go missing when ``<name>.lance`` is lost or incomplete; unchanged files are not
+        re-embedded by the main pass, so without this a re-ingest would publish a vector table
+        covering only the files that changed.
+        """
+        missing: dict[str, list[str]] = {}
+        for chunk_id, document_id in conn.execute("SELECT chunk_id, document_id FROM chunks"):
+            if chunk_id not in vectors.ids:
+                missing.setdefault(document_id, []).append(chunk_id)
+        total = sum(len(ids) for ids in missing.values())
+        if not total:
+            return False
+        log.warning("%d chunks have no vector (the vector index was missing or incomplete); "
+                    "embedding them again", total)
+        items = [(did, cid) for did, ids in missing.items() for cid in ids]
+        for i in range(0, len(items), EMBED_BATCH_CHUNKS):
+            batch = items[i : i + EMBED_BATCH_CHUNKS]
+            texts = []
+            for _did, cid in batch:
+                heading, content = conn.execute(
+                    "SELECT heading, content FROM chunks WHERE chunk_id = ?", (cid,)
+                ).fetchone()
+                texts.append(embedding_text(heading, content))
+            try:
+                embedded = embedder.embed(texts)
+            except Exception as exc:
+                log.error("embedding missing vectors failed: %s", exc)
+                raise EmbedderError(
+                    f"{total} chunks of collection '{self.name}' have no vector (its vector index "
+                    "is missing or incomplete) and embedding them failed; nothing was published"
+                ) from None
+            by_document: dict[str, list] = {}
+            for (did, cid), vec in zip(batch, embedded):
+                by_document.setdefault(did, []).append((cid, vec))
+            for did, rows in by_document.items():
+                keep = vectors.by_document.get(did, set()) | {cid for cid, _ in rows}
+                vectors.replace_document(did, rows, keep_ids=keep)
+            report.chunks_embedded += len(batch)
+            report.vectors_restored += len(batch)
+        return True
 
     def _write_documents(self, conn, batch: list[_Prepared], terms, generation, report) -> list[_Prepared]:
         """Write a batch of documents; return those written.
@@ -582,8 +695,8 @@ class Indexer:
         conn.executemany(
             """INSERT INTO documents(document_id, source, source_class, extractor,
                    extractor_version, title, content_hash, file_hash, char_count, line_count,
-                   page_count, chunk_count, acl, generation, ingested_at)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   page_count, chunk_count, acl, generation, ingested_at, encoding)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT(document_id) DO UPDATE SET
                    source_class=excluded.source_class, extractor=excluded.extractor,
                    extractor_version=excluded.extractor_version, title=excluded.title,
@@ -591,13 +704,14 @@ class Indexer:
                    char_count=excluded.char_count, line_count=excluded.line_count,
                    page_count=excluded.page_count, chunk_count=excluded.chunk_count,
                    acl=excluded.acl, generation=excluded.generation,
-                   ingested_at=excluded.ingested_at""",
+                   ingested_at=excluded.ingested_at, encoding=excluded.encoding""",
             [
                 (
                     p.document_id, p.source, p.extracted.source_class, p.extracted.extractor,
                     p.extracted.extractor_version, p.extracted.title, _sha(p.extracted.text),
                     p.file_hash, len(p.extracted.text), p.extracted.text.count("\n") + 1,
                     len(p.extracted.page_starts) or None, len(p.chunks), p.acl, generation, now,
+                    p.extracted.encoding,
                 )
                 for p in batch
             ],
@@ -640,6 +754,10 @@ class Indexer:
             "base_dir": os.path.relpath(base, self.index_dir.resolve()),
             "bm25": json.dumps({"k1": bm25.K1, "b": bm25.B}),
         }
+        # Sticky: once any version had an access list, every later one says so, so a publish
+        # that drops the last list cannot open Datasette's raw views mid-flight (adr/0011).
+        if conn.execute("SELECT 1 FROM documents WHERE acl IS NOT NULL LIMIT 1").fetchone():
+            values["access_lists"] = "1"
         if "created_at" not in manifest:
             values["created_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"
@@ -665,6 +783,7 @@ class Indexer:
         bm25.rebuild_postings(conn)
         if vectors is not None:
             version = vectors.commit()
+            self._restrict_tree(lance_path(self.index_dir, self.name))
             conn.executemany(
                 "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",

@@ -1,21 +1,61 @@
 """Access logging: our one line per call, and no query text in the HTTP server's log."""
 
+import contextvars
 import logging
+import re
 import sys
+
+# (method, route label) of the HTTP request being answered, set by the instance boundary;
+# stdio MCP calls keep the default.
+REQUEST_LINE: contextvars.ContextVar[tuple[str, str]] = contextvars.ContextVar(
+    "groundkit_request_line", default=("-", "-")
+)
+
+_WORD = re.compile(r"[a-z][a-z0-9_-]{0,39}(\.[a-z]{1,5})?")
+_FORMAT = re.compile(r"\.(jsono?|csv|db|html)$")
+_PLACEHOLDERS = ("<database>", "<table>", "<row>")
+
+
+def route_label(path: str) -> str:
+    """The route's shape for a log line: literal words after ``/-/``, placeholders for
+    database, table, row and id segments (they are the caller's input)."""
+    out, literal = [], 0
+    position = 0
+    for segment in path.split("?", 1)[0].split("/")[1:]:
+        if segment == "-":
+            out.append("-")
+            literal = 2
+            continue
+        if literal and _WORD.fullmatch(segment):
+            out.append(segment)
+            literal -= 1
+            continue
+        literal = 0
+        if not segment:
+            out.append("")
+            continue
+        fmt = _FORMAT.search(segment)
+        name = _PLACEHOLDERS[position] if position < len(_PLACEHOLDERS) else "<id>"
+        if out and out[-1] not in _PLACEHOLDERS and "-" in out:
+            name = "<id>"
+        position += 1
+        out.append(name + (fmt.group(0) if fmt else ""))
+    return "/" + "/".join(out)
 
 
 class RedactQueryStrings(logging.Filter):
-    """Drops the query string of groundkit paths from uvicorn access-log records.
+    """Drops the query string of every path from uvicorn access-log records.
 
-    The HTML search page carries the query in its URL (so it can be shared);
-    access logs are kept longer and read more widely than the corpus warrants.
+    The HTML search page and Datasette's ``?_search=`` and ``?sql=`` carry query text
+    in the URL (so it can be shared); access logs are kept longer and read more widely
+    than the corpus warrants.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
             path = args[2]
-            if "/-/groundkit" in path and "?" in path:
+            if "?" in path:
                 record.args = args[:2] + (path.split("?", 1)[0] + "?[redacted]",) + args[3:]
         return True
 

@@ -285,8 +285,19 @@ def refuse_malformed(raw: bytes, request_id: str) -> dict | None:
     return None
 
 
+def _too_large(limit: int) -> str:
+    from .plugin import _too_large as too_large
+
+    return str(too_large(limit)).replace("request body", "message")
+
+
 def _log_refusal(request_id: str, surface: str, status, kind: str) -> None:
-    access_log.info("request_id=%s surface=%s refused status=%s error=%s", request_id, surface, status, kind)
+    """One access line for a message refused before any tool ran, in the shape of the others."""
+    from .logs import REQUEST_LINE
+
+    method, route = REQUEST_LINE.get()
+    access_log.info("request_id=%s method=%s route=%s surface=%s refused status=%s error=%s",
+                    request_id, method, route, surface, status, kind)
 
 
 _RPC_KINDS = {types.PARSE_ERROR: "parse_error", types.INVALID_REQUEST: "invalid_request"}
@@ -371,12 +382,10 @@ class _StdioLines:
     """The SDK's stdin: yields only lines that are one well-formed JSON-RPC message and
     answers every other line with a JSON-RPC error, so no client waits on silence."""
 
-    def __init__(self, stream: io.BufferedIOBase, wire: _StdioWire):
-        from .plugin import MAX_BODY_BYTES
-
+    def __init__(self, stream: io.BufferedIOBase, wire: _StdioWire, limit: int):
         self._stream = stream
         self._wire = wire
-        self._limit = MAX_BODY_BYTES
+        self._limit = limit  # the max_body_bytes setting, as for an HTTP body
 
     def __aiter__(self):
         return self
@@ -396,7 +405,7 @@ class _StdioLines:
                 while line and not line.endswith(b"\n"):  # skip the rest of the oversized line
                     line = await self._readline(64 * 1024)
                 await self._wire.refuse(_rpc_error(
-                    None, types.INVALID_REQUEST, "invalid request: message exceeds 256 KiB", request_id))
+                    None, types.INVALID_REQUEST, f"invalid request: {_too_large(self._limit)}", request_id))
                 continue
             line = line.strip(b" \t\r\n")
             if not line:
@@ -423,9 +432,12 @@ async def run_stdio(
     Pass the stream from :func:`claim_stdout` as ``stdout`` (claimed here otherwise);
     ``stdin`` is a binary stream, by default the process's own (:func:`claim_stdin`).
     """
+    from .plugin import settings_for
+
     server = build_server(datasette, surface=SURFACE_STDIO, actor=actor)
     wire = _StdioWire(stdout if stdout is not None else claim_stdout())
-    lines = _StdioLines(stdin if stdin is not None else claim_stdin(), wire)
+    limit = settings_for(datasette).max_body_bytes
+    lines = _StdioLines(stdin if stdin is not None else claim_stdin(), wire, limit)
     async with stdio_server(stdin=lines, stdout=wire) as (read_stream, write_stream):
         await server.run(read_stream, write_stream, server.create_initialization_options())
 
@@ -443,7 +455,7 @@ class _HttpEndpoint:
     """
 
     def __init__(self, datasette):
-        from .plugin import MAX_BODY_BYTES
+        from .plugin import settings_for
 
         self.loop = asyncio.get_running_loop()
         self.server = build_server(datasette, surface=SURFACE_HTTP)
@@ -456,7 +468,7 @@ class _HttpEndpoint:
             # Host/Origin validation belongs to the Datasette side, for every route alike;
             # the SDK's own check would reject every host but loopback.
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-            max_request_body_size=MAX_BODY_BYTES,
+            max_request_body_size=settings_for(datasette).max_body_bytes,
         )
         self.ready: asyncio.Future = self.loop.create_future()
         # A fresh context: the manager's tasks must not inherit the first request's context.
@@ -608,7 +620,7 @@ async def mcp_http_view(datasette, request, scope, receive, send):
     rewrites the SDK's own refusals (its validation errors quote the input back).
     One request id names the answer (``X-Request-ID``), its log lines and its tool call.
     """
-    from .plugin import read_body
+    from .plugin import read_body, settings_for
 
     request_id = uuid.uuid4().hex
     if scope.get("method") != "POST":
@@ -618,7 +630,7 @@ async def mcp_http_view(datasette, request, scope, receive, send):
         )
         return None
     try:
-        body = await read_body(receive, request.headers)
+        body = await read_body(receive, request.headers, settings_for(datasette).max_body_bytes)
     except RequestRejected as exc:
         await _send_error(send, exc, request_id)
         return None

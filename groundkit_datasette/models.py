@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_QUERY_CHARS = 4000
 MAX_TOP_K = 50
@@ -53,6 +53,13 @@ class SearchRequest(Request):
         if v is not None and not all(math.isfinite(x) for x in v):
             raise ValueError("vector values must be finite numbers")
         return v
+
+    @model_validator(mode="after")
+    def _vector_needs_dense(self):
+        # A vector BM25 would ignore is a caller's mistake, not a hint: say so.
+        if self.vector is not None and self.mode == "bm25":
+            raise ValueError("vector is only used by mode dense or hybrid, not bm25")
+        return self
 
 
 class FetchChunkRequest(Request):
@@ -142,6 +149,11 @@ class IndexStatus(Response):
     ann_index: str | None = None
     chunker: dict | None = None
     bm25_terms: int
+    vectors: int | None = Field(
+        default=None,
+        description="Chunks with a vector in this version; equals chunks when dense search covers "
+                    "them all. None for a collection built without embeddings.",
+    )
 
 
 class CollectionsResponse(Response):

@@ -289,13 +289,28 @@ def _pinned_request(client, method, endpoint, suffix, address, *, json, headers)
     return client.build_request(method, url, json=json, headers=all_headers, extensions=extensions)
 
 
-def guarded_client(timeout: float) -> httpx.Client:
+def tls_context(ca_bundle: str | None):
+    """The TLS trust for outbound calls: the system's roots, or only the CAs in ``ca_bundle``
+    (a PEM file, for an endpoint behind a private CA). Raises OSError or ssl.SSLError."""
+    import ssl
+
+    if ca_bundle is None:
+        return True  # httpx's default verification (certifi's roots)
+    context = ssl.create_default_context(cafile=str(ca_bundle))
+    return context
+
+
+def guarded_client(timeout: float, ca_bundle: str | None = None) -> httpx.Client:
     """An httpx client for guarded use (see ``guarded_send``).
 
     ``trust_env=False`` so proxy variables cannot route the pinned request
-    somewhere the guard did not check.
+    somewhere the guard did not check (and ``SSL_CERT_FILE`` cannot change whom it
+    trusts); a private CA is given explicitly as ``ca_bundle``. Certificates are always
+    verified, against the endpoint's name (sent as SNI) even though the connection is
+    pinned to an address.
     """
-    return httpx.Client(timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False)
+    return httpx.Client(timeout=httpx.Timeout(timeout), follow_redirects=False, trust_env=False,
+                        verify=tls_context(ca_bundle))
 
 
 class GuardedHTTPService:
@@ -305,11 +320,20 @@ class GuardedHTTPService:
     _error_class = Exception
     _key_purpose = "API key"
 
-    def _init_http(self, *, timeout, api_key_env) -> None:
+    def _init_http(self, *, timeout, api_key_env, ca_bundle=None) -> None:
+        import ssl
         import threading
 
         self.timeout = float(timeout)
         self.api_key_env = api_key_env
+        if ca_bundle is not None:
+            if not isinstance(ca_bundle, str) or not ca_bundle.strip():
+                raise self._error_class("ca_bundle must be the path of a PEM file")
+            try:
+                tls_context(ca_bundle)  # read now: a bad bundle is a start-up error
+            except (OSError, ssl.SSLError):
+                raise self._error_class("ca_bundle could not be read as a PEM CA bundle") from None
+        self.ca_bundle = ca_bundle
         self._client = None
         self._lock = threading.Lock()
 
@@ -328,7 +352,7 @@ class GuardedHTTPService:
     def _http(self):
         with self._lock:
             if self._client is None:
-                self._client = guarded_client(self.timeout)
+                self._client = guarded_client(self.timeout, self.ca_bundle)
             return self._client
 
     def _post_json(self, suffix: str, body: dict, what: str):

@@ -16,7 +16,6 @@ from datasette.utils.asgi import Response
 from markupsafe import Markup, escape
 
 from .bm25 import STOP_WORDS, tokenize
-from .models import MAX_TOP_K
 from .service import ToolContext, call_tool
 from .tools import BUILTIN_TOOLS, Tool, all_tools
 
@@ -202,12 +201,19 @@ def _search_form(datasette, collection: str, status, arguments: dict, response, 
         "modes": options,
         "dense_reason": next((o["reason"] for o in options if o["disabled"]), None),
         "top_k": top_k,
-        "max_top_k": MAX_TOP_K,
+        "max_top_k": _settings(datasette).max_top_k,
+        "max_query_chars": _settings(datasette).max_query_chars,
         "source": arguments.get("source", ""),
         "rerank": bool(arguments.get("rerank")),
         "rerank_available": reranker,
         "rerank_reason": None if reranker else NO_RERANKER,
     }
+
+
+def _settings(datasette):
+    from .plugin import settings_for
+
+    return settings_for(datasette)
 
 
 def _chunk_url(datasette, collection: str, chunk_id: str) -> str:
@@ -323,6 +329,8 @@ def html_view(tool: Tool):
         if tool.name == "search" and collection is not None:
             # The form needs dense availability; a missing collection fails here, as a 404.
             status, error = await _status(ctx, collection)
+            if status is not None and not status.dense_available and "mode" not in arguments:
+                arguments["mode"] = "bm25"  # the one mode that works here (the form shows it)
         if error is None and submitted:
             response, error = await call_tool(tool, ctx, collection, arguments)
         builder = _CONTEXT.get(tool.name) if tool in BUILTIN_TOOLS else None
@@ -351,6 +359,10 @@ def html_view(tool: Tool):
         code = error.status if error is not None else 200
         out = Response.html(html, status=code)
         out.headers["X-Request-ID"] = ctx.request_id
+        if code == 503:
+            from .service import BUSY_RETRY_AFTER
+
+            out.headers["Retry-After"] = str(BUSY_RETRY_AFTER)
         return out
 
     view.__name__ = f"groundkit_{tool.name}_html"

@@ -70,4 +70,61 @@ def build(hook_name: str, kind: str, name: str, options: dict, error_class):
                 problems.append(f"missing option(s): {', '.join(missing)}")
             detail = "; ".join(problems) or "bad options"
             raise error_class(f"invalid options for {kind} {name!r}: {detail}") from None
+        options = typed_options(factory, options, f"{kind} {name!r}", error_class)
     return factory(**options)
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+
+
+def typed_options(factory, options: dict, what: str, error_class) -> dict:
+    """Options typed by the factory's annotations: ``"false"`` from a command line or a
+    YAML string is the boolean False (never a truthy string), ``"30"`` the number 30.
+
+    Only ``bool``, ``int`` and ``float`` annotations are enforced; anything else is
+    left for the factory to judge.
+    """
+    import inspect
+    import types
+    import typing
+
+    try:
+        hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
+    except Exception:
+        return options
+    out = dict(options)
+    for key, value in options.items():
+        hint = hints.get(key)
+        if hint is None:
+            continue
+        args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        kinds = {a for a in args if a in (bool, int, float, str)}
+        if not kinds or str in kinds or value is None and type(None) in args:
+            continue
+        out[key] = _coerce(key, value, kinds, what, error_class)
+    return out
+
+
+def _coerce(key, value, kinds, what, error_class):
+    if bool in kinds:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise error_class(f"invalid options for {what}: {key} must be true or false")
+    if isinstance(value, bool):
+        raise error_class(f"invalid options for {what}: {key} must be a number, not true/false")
+    if int in kinds and isinstance(value, int):
+        return value
+    if float in kinds and isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        for kind in (int, float):
+            if kind in kinds:
+                try:
+                    return kind(value.strip())
+                except ValueError:
+                    pass
+    noun = "an integer" if float not in kinds else "a number"
+    raise error_class(f"invalid options for {what}: {key} must be {noun}")

@@ -265,6 +265,7 @@ class HttpReranker(outbound.GuardedHTTPService):
         timeout: float = 30.0,
         batch_size: int = 32,
         allow_private: bool = False,
+        ca_bundle: str | None = None,
         resolver=None,
     ):
         from . import outbound
@@ -285,7 +286,7 @@ class HttpReranker(outbound.GuardedHTTPService):
         self.flavor = flavor
         self.model = model
         self.model_name = model or f"{flavor}-server-default"
-        self._init_http(timeout=timeout, api_key_env=api_key_env)
+        self._init_http(timeout=timeout, api_key_env=api_key_env, ca_bundle=ca_bundle)
         self._resolver = resolver
 
     def __repr__(self) -> str:

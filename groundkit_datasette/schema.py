@@ -37,7 +37,8 @@ CREATE TABLE documents (
     chunk_count INTEGER NOT NULL,
     acl TEXT,
     generation INTEGER NOT NULL,
-    ingested_at TEXT NOT NULL
+    ingested_at TEXT NOT NULL,
+    encoding TEXT
 );
 
 CREATE TABLE chunks (
@@ -101,6 +102,17 @@ def create_schema(conn: sqlite3.Connection) -> None:
     conn.executescript(DDL + FTS_INSERT_TRIGGER)
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
+def has_encoding_column(conn: sqlite3.Connection) -> bool:
+    """Collections written before text encodings were recorded lack ``documents.encoding``."""
+    return any(row[1] == "encoding" for row in conn.execute("PRAGMA table_info(documents)"))
+
+
+def add_encoding_column(conn: sqlite3.Connection) -> None:
+    """Bring an older collection's copy up to date (NULL: chosen by the extractor's rule)."""
+    if not has_encoding_column(conn):
+        conn.execute("ALTER TABLE documents ADD COLUMN encoding TEXT")
 
 
 def suspend_fts_trigger(conn: sqlite3.Connection) -> None:

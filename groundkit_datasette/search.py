@@ -30,8 +30,12 @@ _embedders: dict[str, object] = {}
 _embedders_lock = threading.Lock()
 
 
-def query_embedder(collection):
-    """The embedder that turns queries into vectors for ``collection``; checked against its manifest."""
+def query_embedder(collection, *, probe: bool = True):
+    """The embedder that turns queries into vectors for ``collection``; checked against its manifest.
+
+    ``probe=False`` never calls out: an endpoint whose width is not configured yet is
+    checked by provider and model only (its first reply checks the width).
+    """
     manifest = collection.embedding
     embedder = collection.embedder
     if embedder is None:
@@ -49,7 +53,9 @@ def query_embedder(collection):
                         "use mode bm25 or pass a query vector"
                     ) from None
                 _embedders[name] = embedder
-    got = (embedder.provider, embedder.model_name, int(embedder.dimensions))
+    known = probe or getattr(embedder, "_dimensions", 0) is not None
+    got = (embedder.provider, embedder.model_name,
+           int(embedder.dimensions) if known else manifest.dimensions)
     want = (manifest.provider, manifest.model, manifest.dimensions)
     if got != want:
         raise EmbedderMismatch(
@@ -57,6 +63,21 @@ def query_embedder(collection):
             f"collection's {want[0]}/{want[1]} ({want[2]} dimensions)"
         )
     return embedder
+
+
+def dense_unavailable_reason(collection) -> str | None:
+    """Why this server cannot run dense queries on ``collection``, or None when it can:
+    the collection has vectors, and an embedder here matches its manifest and is installed."""
+    if collection.embedding is None:
+        return "the collection was built without embeddings"
+    try:
+        embedder = query_embedder(collection, probe=False)
+        check = getattr(embedder, "check_available", None)
+        if check is not None:
+            check()
+    except (DenseUnavailable, EmbedderError) as exc:
+        return str(exc)
+    return None
 
 
 def _filter_sql(request: SearchRequest):
@@ -270,6 +291,9 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     started = time.perf_counter()
     timings: dict[str, float] = {}
     mode = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
+    if mode == "bm25" and request.vector is not None:  # no mode given, a BM25-only collection
+        raise DenseUnavailable("the collection was built without embeddings; a query vector "
+                               "cannot be used")
     if request.rerank and collection.reranker is None:
         raise RerankNotConfigured("reranking was requested but no reranker is configured")
     depth = MAX_TOP_K if request.rerank else request.top_k

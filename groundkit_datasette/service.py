@@ -4,6 +4,7 @@ collection registry, the tool-call context, and the one exception mapping."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -11,11 +12,14 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import click
 from pydantic import ValidationError
 
 from . import errors as E
 from .auth import OIDCConfig, StaticToken, parse_oidc, parse_tokens
 from .collection import Collection
+from .logs import REQUEST_LINE
+from .models import MAX_QUERY_CHARS, MAX_TOP_K, SearchRequest
 from .names import validate_name
 from .schema import is_collection_file
 
@@ -96,6 +100,26 @@ class RequestRejected(Exception):
         self.kind = kind
 
 
+class ConfigurationError(click.ClickException, ValueError):
+    """The plugin settings are wrong: start-up stops with this one message.
+
+    A ClickException, so ``datasette serve`` prints ``Error: <message>`` and exits 1
+    instead of a traceback; a ValueError for code that starts Datasette itself.
+    """
+
+
+# Operator-settable limits (plugin settings); the defaults are the values built into
+# models.py and the plugin, which are also the ceilings for the request-model fields.
+LIMITS = {
+    # setting: (default, lowest, highest or None)
+    "max_body_bytes": (256 * 1024, 1024, None),
+    "max_top_k": (MAX_TOP_K, 1, MAX_TOP_K),
+    "max_query_chars": (MAX_QUERY_CHARS, 1, MAX_QUERY_CHARS),
+    "max_concurrent_searches": (8, 1, None),
+}
+BUSY_RETRY_AFTER = 1  # seconds, in the Retry-After of a 503 server_busy
+
+
 @dataclass(frozen=True)
 class Settings:
     """Plugin settings (``plugins: groundkit:`` in metadata.yml)."""
@@ -108,27 +132,78 @@ class Settings:
     reranker_options: dict | None = None
     allow_remote_access: bool = False
     allow_anonymous: bool = False
+    # Paths a published server answers without an actor (a login page of another
+    # authentication plugin); exact, or a prefix ending in "/". Static assets always are.
+    public_paths: tuple[str, ...] = ()
     # Authentication (auth.py, adr/0006): OIDC bearer tokens and hashed static tokens.
     oidc: OIDCConfig | None = None
     tokens: tuple[StaticToken, ...] = ()
+    max_body_bytes: int = LIMITS["max_body_bytes"][0]
+    max_top_k: int = LIMITS["max_top_k"][0]
+    max_query_chars: int = LIMITS["max_query_chars"][0]
+    max_concurrent_searches: int = LIMITS["max_concurrent_searches"][0]
 
     @classmethod
     def from_config(cls, config: dict | None) -> "Settings":
+        """Check every setting's name and type; raise ConfigurationError naming the first problem."""
+        if config is not None and not isinstance(config, dict):
+            raise ConfigurationError("the groundkit plugin settings must be a mapping")
         config = dict(config or {})
         known = set(cls.__dataclass_fields__)
         unknown = set(config) - known
         if unknown:
-            raise ValueError(f"unknown groundkit plugin settings: {', '.join(sorted(unknown))}")
+            raise ConfigurationError(
+                f"unknown groundkit plugin settings: {', '.join(sorted(unknown))}; "
+                f"known settings: {', '.join(sorted(known))}"
+            )
         for key in ("index_dir", "base_dir"):
             if config.get(key) is not None:
+                if not isinstance(config[key], (str, Path)) or not str(config[key]):
+                    raise ConfigurationError(f"groundkit setting {key} must be a directory path")
                 config[key] = Path(config[key])
         for key in ("allow_remote_access", "allow_anonymous"):
             # A string "false" must not publish anything.
             if key in config and not isinstance(config[key], bool):
-                raise ValueError(f"groundkit setting {key} must be true or false")
-        config["oidc"] = parse_oidc(config.get("oidc"))
-        config["tokens"] = parse_tokens(config.get("tokens"))
+                raise ConfigurationError(f"groundkit setting {key} must be true or false")
+        for key in ("embedder", "reranker"):
+            if config.get(key) is not None and (not isinstance(config[key], str) or not config[key]):
+                raise ConfigurationError(f"groundkit setting {key} must be a name")
+        for key in ("embedder_options", "reranker_options"):
+            if config.get(key) is not None and not isinstance(config[key], dict):
+                raise ConfigurationError(f"groundkit setting {key} must be a mapping of option names")
+        for key, (_default, low, high) in LIMITS.items():
+            if key in config:
+                value = config[key]
+                if isinstance(value, bool) or not isinstance(value, int) or value < low or (
+                    high is not None and value > high
+                ):
+                    bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+                    raise ConfigurationError(f"groundkit setting {key} must be an integer {bound}")
+        public = config.get("public_paths") or []
+        if not isinstance(public, list) or not all(
+            isinstance(p, str) and p.startswith("/") and ".." not in p for p in public
+        ):
+            raise ConfigurationError(
+                "groundkit setting public_paths must be a list of paths starting with /")
+        config["public_paths"] = tuple(public)
+        try:
+            config["oidc"] = parse_oidc(config.get("oidc"))
+            config["tokens"] = parse_tokens(config.get("tokens"))
+        except ConfigurationError:
+            raise
+        except ValueError as exc:
+            raise ConfigurationError(str(exc)) from None
         return cls(**config)
+
+    def check_paths(self) -> None:
+        """At start-up: a configured index directory must exist (a typo would serve nothing)."""
+        if self.index_dir is not None and not self.index_dir.is_dir():
+            raise ConfigurationError(
+                f"groundkit setting index_dir: directory not found: {self.index_dir}"
+            )
+        if self.base_dir is not None and not self.base_dir.is_dir():
+            # Not fatal: sources may be unmounted for a while; citations then read "unresolvable".
+            log.warning("groundkit: base_dir is not a directory; citations cannot be verified")
 
 
 class Registry:
@@ -143,6 +218,46 @@ class Registry:
         self._reranker = None
         self._models_loaded = False
         self._models_lock = threading.Lock()
+        self._searches = 0  # in flight, across every surface of this instance
+        self._searches_lock = threading.Lock()
+
+    def check_models(self) -> None:
+        """At start-up: build the configured embedder and reranker (names and options checked;
+        no model is loaded yet), so a typo stops the server instead of failing every request."""
+        from .errors import GroundkitError
+
+        try:
+            self._models()
+        except GroundkitError as exc:
+            raise ConfigurationError(f"groundkit plugin settings: {exc}") from None
+
+    def check_search(self, request: SearchRequest) -> SearchRequest:
+        """This instance's limits, which may be lower than the request model's ceilings.
+        A default top_k above the limit is lowered to it; an asked-for one is refused."""
+        s = self.settings
+        if request.top_k > s.max_top_k and "top_k" not in request.model_fields_set:
+            request = request.model_copy(update={"top_k": s.max_top_k})
+        if request.top_k > s.max_top_k:
+            raise RequestRejected(422, "malformed_request",
+                                  f"top_k: must be at most {s.max_top_k} on this server")
+        if len(request.query) > s.max_query_chars:
+            raise RequestRejected(
+                422, "malformed_request",
+                f"query: must be at most {s.max_query_chars} characters on this server")
+        return request
+
+    @contextlib.contextmanager
+    def search_slot(self):
+        """One of ``max_concurrent_searches`` slots, or a 503 at once (no queue to grow)."""
+        with self._searches_lock:
+            if self._searches >= self.settings.max_concurrent_searches:
+                raise RequestRejected(503, "server_busy", "too many searches at once; retry shortly")
+            self._searches += 1
+        try:
+            yield
+        finally:
+            with self._searches_lock:
+                self._searches -= 1
 
     def _models(self):
         with self._models_lock:
@@ -272,17 +387,30 @@ async def call_tool(tool, ctx: ToolContext, collection: str | None, arguments: d
         if tool.scope == "collection":
             validate_name(collection)
         request = tool.request_model.model_validate(arguments)
-        response = await tool.handler(ctx, collection, request)
+        if isinstance(request, SearchRequest):
+            request = ctx.registry.check_search(request)
+            with ctx.registry.search_slot():
+                response = await tool.handler(ctx, collection, request)
+        else:
+            response = await tool.handler(ctx, collection, request)
     except Exception as exc:  # mapped below; the full exception goes only to the server log
         error = map_exception(exc)
-        if error.status >= 500:
+        if error.status == 500:  # a defect: the traceback, for the server's log only
             log.error("request %s: %s failed", ctx.request_id, tool.name, exc_info=exc)
-        else:
-            log.debug("request %s: %s refused: %s", ctx.request_id, tool.name, type(exc).__name__)
-    elapsed = (time.perf_counter() - started) * 1000
-    access_log.info(
-        "request_id=%s surface=%s tool=%s status=%s latency_ms=%.1f results=%s",
-        ctx.request_id, ctx.surface, tool.name, error.status if error else 200, elapsed,
-        result_count(response) if error is None else 0,
-    )
+        elif error.status >= 502:  # an upstream or capacity problem: one line
+            log.warning("request %s: %s failed: %s", ctx.request_id, tool.name, error.kind)
+        else:  # an expected refusal (4xx, 501): one line
+            log.debug("request %s: %s refused: %s", ctx.request_id, tool.name, error.kind)
+    log_call(ctx, tool.name, error.status if error else 200, started,
+             result_count(response) if error is None else 0)
     return response, error
+
+
+def log_call(ctx: ToolContext, tool_name: str, status: int, started: float, results: int | None = 0):
+    """The one access line per call, also for calls refused before validation (bad bodies)."""
+    elapsed = (time.perf_counter() - started) * 1000
+    method, route = REQUEST_LINE.get()
+    access_log.info(
+        "request_id=%s method=%s route=%s surface=%s tool=%s status=%s latency_ms=%.1f results=%s",
+        ctx.request_id, method, route, ctx.surface, tool_name, status, elapsed, results,
+    )

@@ -188,12 +188,14 @@ async def test_a_foreign_origin_is_refused_and_a_local_one_is_not(built):
     assert r.status_code == 403
 
 
-async def test_other_datasette_pages_are_not_guarded(built):
+async def test_other_datasette_pages_are_guarded_too(built):
+    # The boundary is the whole instance (adr/0011); tests/test_boundary.py probes every route.
     ds = make_ds(built)
     r = await ds.client.get("/-/versions.json", headers={"host": "evil.example"})
-    assert r.status_code == 200
+    assert r.status_code == 403
     async with client_for(ds, "http://192.0.2.7") as client:
-        assert (await client.get("/-/versions.json")).status_code == 200
+        assert (await client.get("/-/versions.json")).status_code == 403
+    assert (await ds.client.get("/-/versions.json")).status_code == 200
 
 
 async def test_a_non_loopback_server_address_is_refused_naming_the_setting(built):
@@ -259,8 +261,8 @@ async def test_published_server_needs_an_actor(built):
         r = await client.get("/-/groundkit/collections.json", headers={"host": "search.example"})
         assert r.status_code == 200 and r.json() == {"collections": ["energy"]}
     async with client_for(ds, "http://192.0.2.7") as client:
-        # Datasette's own non-collection pages stay as Datasette decides.
-        assert (await client.get("/-/versions.json")).status_code == 200
+        # Datasette's own pages are behind the same boundary (adr/0011).
+        assert (await client.get("/-/versions.json")).status_code == 401
 
 
 async def test_published_server_with_a_token_and_any_host(built):
@@ -298,8 +300,10 @@ async def test_the_database_list_with_its_file_paths_is_guarded(built):
         root = {"ds_actor": ds.sign({"a": {"id": "root"}}, "actor")}
         r = await client.get("/-/databases.json", cookies=root)
         assert r.status_code == 200 and any(d["path"] == path for d in r.json())
-        # Datasette's other instance pages stay as Datasette decides.
-        assert (await client.get("/-/versions.json")).status_code == 200
+        # Datasette's other instance pages need an actor, any actor (adr/0011).
+        assert (await client.get("/-/versions.json")).status_code == 401
+        r = await client.get("/-/versions.json", headers={"authorization": "Bearer s3cret-token-value"})
+        assert r.status_code == 200
 
 
 async def test_anonymous_publishing_is_explicit_and_logged(built, caplog):

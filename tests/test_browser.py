@@ -121,10 +121,13 @@ def context(browser):
 @pytest.fixture
 def page(context):
     page = context.new_page()
-    dialogs = []
+    dialogs, refused = [], []
     page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    # The pages' Content-Security-Policy (adr/0011) must not block anything they ship.
+    page.on("console", lambda m: "Content Security Policy" in m.text and refused.append(m.text))
     page.dialogs = dialogs
-    return page
+    yield page
+    assert refused == []
 
 
 def shot(page, name: str, full_page: bool = True) -> Path:

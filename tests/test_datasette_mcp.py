@@ -1,6 +1,8 @@
 """Our tools inside the datasette-mcp plugin's ``/-/mcp`` server (a real uvicorn server):
 listed as ``groundkit_<name>`` with our schemas, answering what the JSON API answers."""
 
+import json
+
 import httpx
 import httpx2
 import pytest
@@ -125,10 +127,12 @@ async def test_calls_run_as_the_requests_datasette_actor(served):
 
 
 async def test_groundkits_access_policy_applies_on_its_path(served):
-    """``/-/mcp`` is not a groundkit path, but a call of our tools still needs a loopback Host."""
+    """``/-/mcp`` is not a groundkit path, but the instance boundary refuses a rebound Host
+    before datasette-mcp sees the request (tests/test_boundary.py probes every route)."""
     server, _ds = served
-    http_client, client = mcp_client(server, headers={"Host": "evil.example"})
-    async with http_client, client:
-        result = await client.call_tool("groundkit_list_collections", {})
-    assert result.is_error and mcp_body(result)[0] == 403
-    assert mcp_body(result)[1]["error"] == "host_not_allowed"
+    async with httpx.AsyncClient(base_url=server.url) as client:
+        r = await client.post(
+            "/-/mcp", headers={"Host": "evil.example", "content-type": "application/json",
+                               "accept": "application/json, text/event-stream"},
+            content=json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
+    assert r.status_code == 403 and r.json()["error"] == "host_not_allowed"

@@ -57,7 +57,7 @@ def write(tmp_path, name, data):
 def test_markdown(tmp_path):
     text = "Intro\n\n```\n# not title\n```\n\n## Second\n\n# Real *Title* #\n\nBody\r\n"
     e = extract_file(write(tmp_path, "doc.md", text))
-    assert e == Extracted(text, "Real *Title*", "markdown", "text", "1")
+    assert e == Extracted(text, "Real *Title*", "markdown", "text", "1", encoding="utf-8")
 
 
 def test_markdown_bom_stripped_and_crlf_kept(tmp_path):
@@ -156,9 +156,6 @@ def test_other_skips(tmp_path):
         extract_file(write(tmp_path, "empty.md", " \n\t\n"))
     assert info.value.reason == "empty"
     with pytest.raises(Skipped) as info:
-        extract_file(write(tmp_path, "latin.txt", "caf\xe9 cr\xe8me br\xfbl\xe9e".encode("latin-1")))
-    assert info.value.reason == "not utf-8 text"
-    with pytest.raises(Skipped) as info:
         extract_file(write(tmp_path, "big.txt", "x" * 100), max_bytes=10)
     assert info.value.reason == "too large"
     with pytest.raises(Skipped) as info:
@@ -167,6 +164,40 @@ def test_other_skips(tmp_path):
     with pytest.raises(Skipped) as info:
         extract_bytes(make_pdf([[]]), ".pdf")
     assert info.value.reason == "empty"
+
+
+@pytest.mark.parametrize(
+    "data,encoding,text",
+    [
+        ("caf\xe9 cr\xe8me br\xfbl\xe9e\n".encode("latin-1"), "cp1252", "caf\xe9 cr\xe8me br\xfbl\xe9e\n"),
+        ("\u201cquoted\u201d \u20ac5 \u2014 na\xefve\n".encode("cp1252"), "cp1252",
+         "\u201cquoted\u201d \u20ac5 \u2014 na\xefve\n"),
+        # 0x81 is undefined in Windows-1252: Latin-1 decodes every byte.
+        (b"caf\xe9 \x81 end\n", "iso8859-1", "caf\xe9 \x81 end\n"),
+        ("plain caf\xe9\n".encode("utf-8"), "utf-8", "plain caf\xe9\n"),
+    ],
+)
+def test_text_in_other_encodings_is_decoded_by_the_fixed_rule(tmp_path, data, encoding, text):
+    """Latin-1 and cp1252 files were dropped as "not utf-8 text"; now decoded, codec recorded."""
+    e = extract_file(write(tmp_path, "note.txt", data))
+    assert (e.text, e.encoding) == (text, encoding)
+    # Forced to the recorded codec, the same bytes give the same text (verification's path).
+    assert extract_bytes(data, ".txt", encoding=encoding).text == text
+
+
+def test_a_recorded_encoding_is_used_rather_than_chosen_again():
+    """Once recorded as cp1252, bytes that are now valid UTF-8 still decode as cp1252."""
+    data = "caf\xe9".encode("utf-8")
+    assert extract_bytes(data, ".txt").text == "caf\xe9"
+    assert extract_bytes(data, ".txt", encoding="cp1252").text == "caf\xc3\xa9"
+    with pytest.raises(Skipped):
+        extract_bytes("caf\xe9".encode("latin-1"), ".txt", encoding="utf-8")
+
+
+def test_html_without_a_usable_charset_falls_back_to_cp1252():
+    data = "<html><body><p>\u201cCaf\xe9\u201d</p></body></html>".encode("cp1252")
+    e = extract_bytes(data, ".html")
+    assert (e.text, e.encoding) == ("\u201cCaf\xe9\u201d", "cp1252")
 
 
 def test_extract_bytes_matches_file(tmp_path):

@@ -80,3 +80,34 @@ async def test_other_databases_are_left_alone_and_nothing_is_created(corpus, ind
     await ds.client.get("/energy/documents.json")
     await asyncio.gather(*[ds.client.get("/energy/chunks.json") for _ in range(6)])
     assert not path.exists()
+
+
+async def test_a_positional_collection_is_served_immutable_and_follows_a_reingest(corpus, index_dir):
+    """``datasette energy.sqlite3`` (no -i) opens the file mutable; a collection, recognised
+    by its application id, is served like ``-i`` all the same, and its pages see a re-ingest."""
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    path = index_dir / "energy.sqlite3"
+    for ds in (Datasette(files=[str(path)]), Datasette(immutables=[str(path)])):
+        assert (await page_counts(ds))["documents"] == 4
+        db = ds.get_database("energy")
+        assert isinstance(db, CollectionDatabase) and not db.is_mutable
+    (corpus / "tides.md").write_text("# Tides\n\nFlywheels and lagoons store energy.\n")
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    for ds in (Datasette(files=[str(path)]), Datasette(immutables=[str(path)])):
+        assert (await page_counts(ds))["documents"] == 5
+
+
+async def test_one_server_opened_without_i_sees_the_reingest(corpus, index_dir):
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    path = index_dir / "energy.sqlite3"
+    ds = Datasette(files=[str(path)], settings={"num_sql_threads": 3})
+    assert (await page_counts(ds))["documents"] == 4
+    before = await per_thread_answers(ds.get_database("energy"), "SELECT count(*) FROM documents")
+    assert before == {4}
+    (corpus / "tides.md").write_text("# Tides\n\nFlywheels and lagoons store energy.\n")
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert (await page_counts(ds))["documents"] == 5
+    after = await per_thread_answers(ds.get_database("energy"), "SELECT count(*) FROM documents")
+    assert after == {5}
+    r = await ds.client.get("/energy/chunks.json?_search=flywheels&_shape=array")
+    assert len(r.json()) == 1

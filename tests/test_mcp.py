@@ -526,6 +526,9 @@ def test_stdio_answers_every_malformed_line_and_echoes_nothing(built, tmp_path):
         for raw, code, message_id in MALFORMED:
             send(raw)
             request_ids.append(check_refusal(answer(), code, message_id))
+        # Longer than the body limit (max_body_bytes, 256 KiB): refused, and the rest of it skipped.
+        send(b'{"jsonrpc": "2.0", "id": 30, "method": "tools/list", "pad": "' + b"a" * (300 * 1024) + b'"}')
+        request_ids.append(check_refusal(answer(), -32600, None))
         send(b"   ")  # a blank line is no message: nothing to answer
         send(encoded({"jsonrpc": "2.0", "id": 20, "method": "tools/" + SENTINEL}))
         unknown = _read_line(proc)
@@ -542,8 +545,10 @@ def test_stdio_answers_every_malformed_line_and_echoes_nothing(built, tmp_path):
             proc.kill()
     assert proc.returncode == 0 and rest == b""
     stderr = (tmp_path / "err.txt").read_text()
+    lines = stderr.splitlines()
     for request_id in request_ids:
-        assert f"request_id={request_id} surface=mcp-stdio refused" in stderr
+        assert any(f"request_id={request_id} " in line and "surface=mcp-stdio refused" in line
+                   for line in lines), request_id
     assert SENTINEL not in stderr and "Traceback" not in stderr
 
 
@@ -582,8 +587,8 @@ async def test_http_answers_malformed_bodies_with_json_rpc_errors(served, access
             request_id = check_refusal(r.json(), code, message_id)
             assert r.headers["x-request-id"] == request_id
             assert SENTINEL not in r.text
-            assert any(line.startswith(f"request_id={request_id} surface=mcp-http refused status=400")
-                       for line in access_lines), access_lines
+            assert any(line.startswith(f"request_id={request_id} method=POST route=/-/groundkit/mcp "
+                                       "surface=mcp-http refused status=400") for line in access_lines), access_lines
         r = await http.post("/-/groundkit/mcp", headers=MCP_HEADERS,
                             content=encoded({"jsonrpc": "2.0", "id": 3, "method": "tools/" + SENTINEL}))
         assert r.json()["error"]["code"] == -32601 and "data" not in r.json()["error"]
@@ -634,3 +639,18 @@ async def test_http_mcp_endpoint_refuses_everything_but_post(served, method):
     assert r.headers["content-type"].startswith("application/json")
     body = r.json()
     assert body["error"] == "method_not_allowed" and body["request_id"] == r.headers["x-request-id"]
+
+
+async def test_http_mcp_takes_the_operators_body_limit(built):
+    """``max_body_bytes`` bounds MCP bodies as it bounds the JSON API's."""
+    config = {"index_dir": str(built["index_dir"]), "base_dir": str(built["corpus"]), "max_body_bytes": 2048}
+    ds = Datasette(files=[], metadata={"plugins": {"groundkit": config}})
+    await ds.invoke_startup()
+    small = encoded(call_line(1, query="wind"))
+    big = encoded(call_line(2, query="wind " * 1000))
+    r = await ds.client.post("/-/groundkit/mcp", content=small, headers=MCP_HEADERS)
+    assert r.status_code == 200 and not r.json()["result"].get("isError")
+    r = await ds.client.post("/-/groundkit/mcp", content=big, headers=MCP_HEADERS)
+    assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+    assert r.json()["detail"] == "request body exceeds 2 KiB"
+    assert r.json()["request_id"] == r.headers["x-request-id"]

@@ -176,6 +176,8 @@ async def test_every_error_status_over_stdio(built, config, tmp_path):
     stderr = (tmp_path / "stderr.txt").read_text()
     # Each error's request id is in the server's log, with its tool and status.
     assert len(seen) == len(cases(config)[0])
+    lines = stderr.splitlines()
     for request_id, name, status in seen:
-        assert f"request_id={request_id} surface=mcp-stdio tool={name} status={status}" in stderr
+        assert any(f"request_id={request_id} " in line and f"surface=mcp-stdio tool={name} status={status} "
+                   in line for line in lines), (request_id, name, status)
     assert snapshot(built["index_dir"]) == built["before"]

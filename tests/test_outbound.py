@@ -309,3 +309,181 @@ def test_guarded_send_sync_and_redirect():
     finally:
         ok.close()
         redirect.close()
+
+
+# -- a private CA (ca_bundle) --------------------------------------------------------
+
+
+def _make_ca_and_leaf(directory, name):
+    """A CA and a server certificate for ``name`` signed by it, written as PEM files."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    valid = dict(not_valid_before=now - datetime.timedelta(hours=1),
+                 not_valid_after=now + datetime.timedelta(days=1))
+
+    def build(subject, issuer, public_key, signer, *extensions):
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+             .public_key(public_key).serial_number(x509.random_serial_number())
+             .not_valid_before(valid["not_valid_before"]).not_valid_after(valid["not_valid_after"]))
+        for ext, critical in extensions:
+            b = b.add_extension(ext, critical=critical)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "groundkit test CA")])
+    ca = build(ca_name, ca_name, ca_key.public_key(), ca_key,
+               (x509.BasicConstraints(ca=True, path_length=None), True),
+               (x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                              content_commitment=False, key_encipherment=False,
+                              data_encipherment=False, key_agreement=False,
+                              encipher_only=False, decipher_only=False), True),
+               (x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False))
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = build(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]), ca_name,
+                 key.public_key(), ca_key,
+                 (x509.SubjectAlternativeName([x509.DNSName(name)]), False),
+                 (x509.BasicConstraints(ca=False, path_length=None), True),
+                 (x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]), False),
+                 (x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False))
+    pem = serialization.Encoding.PEM
+    (directory / "ca.pem").write_bytes(ca.public_bytes(pem))
+    (directory / "server.pem").write_bytes(leaf.public_bytes(pem) + key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    return directory / "ca.pem", directory / "server.pem"
+
+
+class _TLSServer:
+    """A real HTTPS server on loopback, certified by a CA made in the test: an embedding
+    and rerank endpoint behind a private CA (the remote service itself cannot run here)."""
+
+    def __init__(self, cert_file):
+        import json as _json
+        import ssl
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.hits, self.sni = [], []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_POST(self):
+                body = _json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                outer.hits.append((self.path, self.headers.get("Host")))
+                if self.path.startswith("/moved/"):
+                    self.send_response(302)
+                    self.send_header("Location", "https://169.254.169.254/latest")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if self.path.endswith("/embeddings"):
+                    reply = {"data": [{"index": i, "embedding": [1.0, float(i), 0.5]}
+                                      for i in range(len(body["input"]))]}
+                else:
+                    reply = [{"index": i, "score": float(-i)} for i in range(len(body["texts"]))]
+                data = _json.dumps(reply).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert_file)
+        context.sni_callback = lambda sock, name, ctx: outer.sni.append(name)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def private_ca(tmp_path):
+    ca, cert = _make_ca_and_leaf(tmp_path, "embed.internal.test")
+    server = _TLSServer(cert)
+    yield ca, server
+    server.close()
+
+
+def test_an_endpoint_behind_a_private_ca_is_reached_with_ca_bundle(private_ca):
+    """Verified against the given CA and the endpoint's name, still pinned to the checked address."""
+    from groundkit_datasette.embedders import get_embedder
+    from groundkit_datasette.rerankers import get_reranker
+
+    ca, server = private_ca
+    resolved = []
+
+    def to_local(host, port):
+        resolved.append(host)
+        return ["127.0.0.1"]
+
+    url = f"https://embed.internal.test:{server.port}/v1"
+    embedder = get_embedder("openai", base_url=url, model="m", allow_private="true",
+                            ca_bundle=str(ca), resolver=to_local)
+    vectors = embedder.embed(["a", "b"])
+    assert vectors.shape == (2, 3)
+    assert server.hits == [("/v1/embeddings", f"embed.internal.test:{server.port}")]
+    assert server.sni == ["embed.internal.test"] and resolved == ["embed.internal.test"]
+
+    reranker = get_reranker("http", base_url=url, allow_private=True, ca_bundle=str(ca),
+                            resolver=to_local)
+    assert reranker.score("q", ["x", "y"]) == [0.0, -1.0]
+
+
+def test_without_the_ca_or_for_another_name_the_certificate_is_refused(private_ca):
+    from groundkit_datasette.embedders import OpenAICompatibleEmbedder
+    from groundkit_datasette.errors import EmbedderError
+
+    ca, server = private_ca
+    to_local = resolver_for("127.0.0.1")
+    trusting_nobody = OpenAICompatibleEmbedder(
+        base_url=f"https://embed.internal.test:{server.port}/v1", model="m", allow_private=True,
+        resolver=to_local)
+    with pytest.raises(EmbedderError, match="request failed"):
+        trusting_nobody.embed(["a"])
+    # The connection goes to a pinned address, but the name checked is still the endpoint's.
+    wrong_name = OpenAICompatibleEmbedder(
+        base_url=f"https://other.internal.test:{server.port}/v1", model="m", allow_private=True,
+        ca_bundle=str(ca), resolver=to_local)
+    with pytest.raises(EmbedderError, match="request failed"):
+        wrong_name.embed(["a"])
+    assert server.hits == []
+
+
+def test_a_redirect_is_still_refused_with_a_ca_bundle(private_ca):
+    from groundkit_datasette.embedders import OpenAICompatibleEmbedder
+    from groundkit_datasette.errors import RedirectRefused
+
+    ca, server = private_ca
+    embedder = OpenAICompatibleEmbedder(
+        base_url=f"https://embed.internal.test:{server.port}/moved", model="m",
+        allow_private=True, ca_bundle=str(ca), resolver=resolver_for("127.0.0.1"))
+    with pytest.raises(RedirectRefused) as error:
+        embedder.embed(["a"])
+    assert "169.254" not in str(error.value)
+    assert [path for path, _host in server.hits] == ["/moved/embeddings"]
+
+
+def test_a_bad_ca_bundle_is_refused_when_configured(tmp_path):
+    from groundkit_datasette.embedders import get_embedder
+    from groundkit_datasette.errors import EmbedderError
+
+    (tmp_path / "junk.pem").write_text("not a certificate")
+    for bundle in (str(tmp_path / "junk.pem"), str(tmp_path / "missing.pem")):
+        with pytest.raises(EmbedderError, match="ca_bundle could not be read") as error:
+            get_embedder("openai", base_url="https://api.example.com/v1", model="m",
+                         ca_bundle=bundle)
+        assert str(tmp_path) not in str(error.value)

@@ -8,7 +8,7 @@ from datasette.app import Datasette
 
 from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette.ingest import ingest
-from groundkit_datasette.plugin import MCP_ROUTE, routes_for
+from groundkit_datasette.plugin import HEALTH_ROUTE, MCP_ROUTE, OPENAPI_ROUTE
 from groundkit_datasette.tools import Tool, all_tools
 
 from .conftest import snapshot
@@ -81,14 +81,46 @@ async def test_collections_status_search_and_fetch_over_json(ds):
          "dense_unavailable"),
         ("POST", "/energy/-/groundkit/search.json", {"query": "x", "rerank": True}, 501,
          "rerank_not_configured"),
-        ("GET", "/energy/-/groundkit/search.json", None, 405, "method_not_allowed"),
+        ("POST", "/energy/-/groundkit/status.json", {}, 405, "method_not_allowed"),
+        ("POST", "/-/groundkit/collections.json", {}, 405, "method_not_allowed"),
+        # Bad bodies: every one a 4xx, none a 500, nothing echoed.
+        ("POST", "/energy/-/groundkit/search.json", "[" * 100_000, 422, "malformed_request"),
+        ("POST", "/energy/-/groundkit/search.json", '{"query": ' * 20_000, 422,
+         "malformed_request"),
+        ("POST", "/energy/-/groundkit/search.json", b'{"query": "secret_field \xff\xfe"}', 422,
+         "malformed_request"),
+        ("POST", "/energy/-/groundkit/search.json", '{"query": "secret_field \\ud800"}', 422,
+         "malformed_request"),
+        ("POST", "/energy/-/groundkit/search.json", '"secret_field"', 422, "malformed_request"),
+        # A vector BM25 would ignore is refused, not dropped.
+        ("POST", "/energy/-/groundkit/search.json",
+         {"query": "x", "mode": "bm25", "vector": [0.1, 0.2]}, 422, "malformed_request"),
+        ("POST", "/energy/-/groundkit/search.json", {"query": "x", "vector": [0.1, 0.2]}, 400,
+         "dense_unavailable"),
+        # GET takes the same model from the query string.
+        ("GET", "/energy/-/groundkit/search.json?query=x&secret_field=1", None, 422,
+         "malformed_request"),
+        ("GET", "/energy/-/groundkit/search.json?query=x&top_k=2&top_k=3", None, 422,
+         "malformed_request"),
+        ("GET", "/energy/-/groundkit/search.json?query=x&top_k=secret_field", None, 422,
+         "malformed_request"),
+        ("GET", "/energy/-/groundkit/search.json?query=x&rerank=secret_field", None, 422,
+         "malformed_request"),
+        ("GET", "/energy/-/groundkit/search.json?query=%FF%FE", None, 422, "malformed_request"),
+        ("GET", "/energy/-/groundkit/search.json?query=x&mode=bm25&vector=1&vector=2", None, 422,
+         "malformed_request"),
+        ("GET", "/energy/-/groundkit/search.json", None, 422, "malformed_request"),
+        ("GET", "/energy/-/groundkit/status.json?secret_field=1", None, 422, "malformed_request"),
+        ("GET", "/-/groundkit/collections.json?secret_field=1", None, 422, "malformed_request"),
+        ("GET", "/energy/-/groundkit/chunks/c_000000000000000000000000.json?chunk_id=x", None,
+         422, "malformed_request"),
     ],
 )
 async def test_errors_have_one_shape_and_the_right_status(ds, method, path, body, status, kind):
     if method == "GET":
         r = await ds.client.get(path)
     else:
-        content = body if isinstance(body, str) else json.dumps(body)
+        content = body if isinstance(body, (str, bytes)) else json.dumps(body)
         r = await ds.client.post(path, content=content, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     data = r.json()
@@ -162,7 +194,7 @@ def expected_patterns(tools):
         out.append(Tool.route_regex(t.json_route))
         if t.html_route:
             out.append(Tool.route_regex(t.html_route))
-    return out + ["^" + MCP_ROUTE + "$"]
+    return out + ["^" + route + "$" for route in (MCP_ROUTE, OPENAPI_ROUTE, HEALTH_ROUTE)]
 
 
 async def test_routes_served_equal_the_tool_table(ds):
@@ -185,9 +217,17 @@ async def test_routes_served_equal_the_tool_table(ds):
         assert html.status_code == 200 and "<html" in html.text.lower()
 
 
-async def test_a_route_outside_the_table_fails_the_parity_check(ds):
-    extra = routes_for(all_tools()) + [("^/-/groundkit/sneaky.json$", None)]
-    assert sorted(p for p, _ in extra) != sorted(expected_patterns(all_tools()))
+async def test_a_route_outside_the_table_fails_the_parity_check(ds, monkeypatch):
+    """The parity check reads what the hook really registers: a route added beside the
+    table shows up in it and breaks the equality."""
+    import groundkit_datasette.plugin as gk_plugin
+
+    table_routes = gk_plugin.routes_for
+    monkeypatch.setattr(gk_plugin, "routes_for",
+                        lambda tools: table_routes(tools) + [("^/-/groundkit/sneaky.json$", None)])
+    registered = registered_patterns(ds)
+    assert "^/-/groundkit/sneaky.json$" in registered
+    assert sorted(registered) != sorted(expected_patterns(all_tools()))
 
 
 async def test_plugin_tools_land_in_the_table_and_the_json_api(collection, corpus):
@@ -332,7 +372,7 @@ def test_a_configured_call_logger_is_left_alone():
         logger.handlers[:], logger.propagate, logger.level = saved
 
 
-def test_uvicorn_access_log_never_records_groundkit_query_strings():
+def test_uvicorn_access_log_never_records_query_strings():
     from groundkit_datasette.logs import RedactQueryStrings
 
     record = logging.LogRecord(
@@ -344,7 +384,8 @@ def test_uvicorn_access_log_never_records_groundkit_query_strings():
     other = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1, "%s %s %s %s %d",
                               ("c", "GET", "/energy/chunks?_search=x", "1.1", 200), None)
     RedactQueryStrings().filter(other)
-    assert "_search=x" in other.getMessage()  # Datasette's own pages are not ours to change
+    # Datasette's own ?_search= and ?sql= carry query text too (adr/0011).
+    assert "_search=x" not in other.getMessage() and "/energy/chunks?[redacted]" in other.getMessage()
 
 
 async def test_startup_installs_the_access_log_filter(ds):
@@ -352,3 +393,171 @@ async def test_startup_installs_the_access_log_filter(ds):
 
     await ds.invoke_startup()
     assert any(isinstance(f, RedactQueryStrings) for f in logging.getLogger("uvicorn.access").filters)
+
+
+# -- GET on the JSON routes ------------------------------------------------------------
+
+
+async def test_get_search_answers_like_post(ds):
+    """A bookmarkable GET beside the POST: the same model, the same answer."""
+    posted = await post_json(ds, "/energy/-/groundkit/search.json",
+                             {"query": "batteries", "top_k": 2, "mode": "bm25", "source": "solar"})
+    got = await ds.client.get(
+        "/energy/-/groundkit/search.json?query=batteries&top_k=2&mode=bm25&source=solar")
+    assert got.status_code == posted.status_code == 200, got.text
+    assert got.json()["hits"] == posted.json()["hits"] and len(got.json()["hits"]) >= 1
+    assert got.json()["top_k"] == 2
+    r = await ds.client.get("/energy/-/groundkit/search.json?query=batteries&rerank=true")
+    assert r.status_code == 501 and r.json()["error"] == "rerank_not_configured"
+    r = await ds.client.get("/energy/-/groundkit/search.json?query=x&top_k=zeppelin")
+    assert "top_k" in r.json()["detail"] and "zeppelin" not in r.text
+    r = await ds.client.get("/energy/-/groundkit/search.json?query=x&top_k=1&top_k=2")
+    assert r.json()["detail"] == "top_k: given more than once"
+
+
+async def test_a_refused_body_is_logged_with_its_request_id_and_never_echoed(ds, caplog):
+    await ds.invoke_startup()
+    access = logging.getLogger("groundkit.access")
+    access.addHandler(caplog.handler)
+    try:
+        r = await ds.client.post("/energy/-/groundkit/search.json",
+                                 content="[" * 100_000 + '"zeppelin-secret"',
+                                 headers={"content-type": "application/json"})
+    finally:
+        access.removeHandler(caplog.handler)
+    assert r.status_code == 422 and "zeppelin" not in r.text
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "groundkit.access"]
+    assert len(lines) == 1
+    assert f"request_id={r.headers['x-request-id']}" in lines[0] and "status=422" in lines[0]
+    assert "zeppelin" not in lines[0]
+
+
+# -- every status of the error table ---------------------------------------------------
+
+
+@pytest.fixture
+def vec_plugins():
+    from fixed_vectors import Embedders, GateReranker
+
+    gk_plugins.pm.register(Embedders, name="fixed-embedders")
+    gk_plugins.pm.register(GateReranker, name="gate-reranker")
+    yield
+    gk_plugins.pm.unregister(name="fixed-embedders")
+    gk_plugins.pm.unregister(name="gate-reranker")
+
+
+@pytest.fixture
+def dense_collection(tmp_path, corpus, vec_plugins):
+    index = tmp_path / "dense-index"
+    ingest([corpus], collection="energy", index_dir=index, embedder="vec-a")
+    return index / "energy.sqlite3"
+
+
+async def test_409_embedder_mismatch(dense_collection, corpus):
+    ds = make_ds(dense_collection, corpus, embedder="vec-b")
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind", "mode": "dense"})
+    assert r.status_code == 409 and r.json()["error"] == "embedder_mismatch"
+    ok = make_ds(dense_collection, corpus, embedder="vec-a")
+    r = await post_json(ok, "/energy/-/groundkit/search.json", {"query": "wind", "mode": "dense"})
+    assert r.status_code == 200 and r.json()["mode"] == "dense"
+
+
+async def test_409_index_inconsistent_when_the_vectors_are_lost(dense_collection, corpus):
+    import shutil
+
+    shutil.rmtree(dense_collection.parent / "energy.lance")
+    ds = make_ds(dense_collection, corpus, embedder="vec-a")
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind", "mode": "hybrid"})
+    assert r.status_code == 409 and r.json()["error"] == "index_inconsistent"
+    assert str(dense_collection.parent) not in r.text
+
+
+async def test_409_schema_mismatch(collection, corpus, tmp_path):
+    import shutil
+    import sqlite3
+
+    other = tmp_path / "future"
+    other.mkdir()
+    future = other / "energy.sqlite3"
+    shutil.copy(collection, future)
+    conn = sqlite3.connect(future)
+    conn.execute("PRAGMA user_version = 99")  # a collection from a newer groundkit
+    conn.close()
+    ds = make_ds(future, corpus)
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind"})
+    assert r.status_code == 409 and r.json()["error"] == "schema_mismatch"
+
+
+async def test_413_with_an_operator_set_body_limit(collection, corpus):
+    ds = make_ds(collection, corpus, max_body_bytes=2048)
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "x" * 3000})
+    assert r.status_code == 413 and r.json()["detail"] == "request body exceeds 2 KiB"
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "x" * 1000})
+    assert r.status_code == 200
+
+
+async def test_operator_set_top_k_and_query_limits(collection, corpus):
+    ds = make_ds(collection, corpus, max_top_k=5, max_query_chars=10)
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind", "top_k": 6})
+    assert r.status_code == 422 and r.json()["detail"] == "top_k: must be at most 5 on this server"
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind power x"})
+    assert r.status_code == 422 and "at most 10 characters" in r.json()["detail"]
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind", "top_k": 5})
+    assert r.status_code == 200
+    r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind"})
+    assert r.status_code == 200 and r.json()["top_k"] == 5  # the default, lowered to the limit
+
+
+async def test_400_a_vector_of_the_wrong_width(dense_collection, corpus):
+    ds = make_ds(dense_collection, corpus, embedder="vec-a")
+    r = await post_json(ds, "/energy/-/groundkit/search.json",
+                        {"query": "wind", "mode": "dense", "vector": [0.5] * 3})
+    assert r.status_code == 400 and r.json()["error"] == "invalid_request"
+    r = await post_json(ds, "/energy/-/groundkit/search.json",
+                        {"query": "wind", "mode": "dense", "vector": [0.5] * 8})
+    assert r.status_code == 200
+
+
+async def test_502_when_the_rerank_endpoint_fails(collection, corpus):
+    """A real local HTTP server stands in for the remote rerank service (it answers 500)."""
+    from .test_outbound import _Server
+
+    upstream = _Server(500)
+    try:
+        ds = make_ds(collection, corpus, reranker="http", reranker_options={
+            "base_url": f"http://127.0.0.1:{upstream.port}", "allow_private": True})
+        r = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind", "rerank": True})
+    finally:
+        upstream.close()
+    assert r.status_code == 502 and r.json()["error"] == "reranker_error"
+    assert r.json()["detail"] == "an upstream model service failed"
+    assert str(upstream.port) not in r.text and upstream.hits
+
+
+async def test_503_past_the_concurrent_search_bound_with_retry_after(collection, corpus,
+                                                                     vec_plugins):
+    """One search held in flight (a reranker that waits for a signal) fills a bound of one."""
+    import asyncio
+
+    from fixed_vectors import GATE
+
+    GATE.entered.clear()
+    GATE.release.clear()
+    ds = make_ds(collection, corpus, reranker="gate", max_concurrent_searches=1)
+    first = asyncio.create_task(post_json(ds, "/energy/-/groundkit/search.json",
+                                          {"query": "wind", "rerank": True}))
+    try:
+        assert await asyncio.to_thread(GATE.entered.wait, 60)
+        busy = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "sun"})
+        page = await ds.client.get("/energy/-/groundkit/search?q=sun")
+        # Other operations are not searches: they still answer.
+        status = await ds.client.get("/energy/-/groundkit/status.json")
+    finally:
+        GATE.release.set()
+    assert busy.status_code == 503 and busy.json()["error"] == "server_busy"
+    assert busy.headers["retry-after"] == "1"
+    assert page.status_code == 503 and page.headers["retry-after"] == "1"
+    assert status.status_code == 200
+    assert (await first).status_code == 200
+    again = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "sun"})
+    assert again.status_code == 200

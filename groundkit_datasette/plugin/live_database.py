@@ -17,6 +17,7 @@ from pathlib import Path
 
 from datasette.database import Database
 
+from ..acl import connection_is_protected, deny_row_reads
 from ..collection import FileIdentity
 from ..schema import connect_readonly, is_collection_file
 
@@ -69,6 +70,10 @@ class CollectionDatabase(Database):
                 except ValueError:
                     pass
             conn = self.connect()
+            if connection_is_protected(conn):
+                # Datasette's raw views are closed on protected collections by
+                # permission_allowed; this holds even when a publish lands after that check.
+                conn.set_authorizer(deny_row_reads)
             self.ds._prepare_connection(conn, self.name)
             local.conn, local.epoch = conn, epoch
         return conn
@@ -95,10 +100,15 @@ class CollectionDatabase(Database):
 
 
 def follow_collections(datasette) -> list[str]:
-    """Serve every immutable collection database through ``CollectionDatabase``."""
+    """Serve every collection database through ``CollectionDatabase``.
+
+    A collection is recognised by its application id, not by how Datasette was
+    started: ``datasette x.sqlite3`` (a positional, mutable file) is served
+    immutably too, so its pages follow a re-ingest and nothing can write to it.
+    """
     swapped, replaced = [], {}
     for name, db in datasette.databases.items():
-        if isinstance(db, CollectionDatabase) or db.is_mutable or db.is_memory or not db.path:
+        if isinstance(db, CollectionDatabase) or db.is_memory or not db.path:
             continue
         if not is_collection_file(Path(db.path)):
             continue
