@@ -27,14 +27,20 @@ class SearchRequest(Request):
     mode: Mode | None = Field(
         default=None, description="bm25, dense or hybrid; default hybrid when the collection has vectors."
     )
-    top_k: int = Field(default=DEFAULT_TOP_K, ge=1, le=MAX_TOP_K)
+    top_k: int = Field(
+        default=DEFAULT_TOP_K, ge=1, le=MAX_TOP_K,
+        description=f"How many hits to return, 1 to {MAX_TOP_K} (default {DEFAULT_TOP_K}).",
+    )
     rerank: bool = Field(default=False, description="Rerank candidates with the configured reranker.")
     source: str | None = Field(
         default=None,
         max_length=1000,
         description="Only sources starting with this prefix, or matching it as a glob if it has * ? or [.",
     )
-    document_id: str | None = Field(default=None, max_length=100)
+    document_id: str | None = Field(
+        default=None, max_length=100,
+        description="Only chunks of this document: a document_id from a search hit or fetched chunk.",
+    )
     vector: list[float] | None = Field(
         default=None,
         max_length=MAX_VECTOR_DIMS,

@@ -519,4 +519,4 @@ async def test_a_body_cannot_claim_an_identity(built):
         r = await ds.client.post("/-/groundkit/mcp", content=json.dumps(body), headers={
             "content-type": "application/json", "accept": "application/json, text/event-stream"})
         result = r.json()["result"]
-        assert result["isError"] and result["structuredContent"]["error"] == "malformed_request"
+        assert result["isError"] and result["_meta"]["groundkit/error"]["error"] == "malformed_request"

@@ -12,11 +12,11 @@ from mcp.client.streamable_http import streamable_http_client
 
 from groundkit_datasette.datasette_mcp_bridge import PREFIX
 from groundkit_datasette.ingest import ingest
-from groundkit_datasette.mcp_server import STATUS_META_KEY, input_schema, output_schema
+from groundkit_datasette.mcp_server import input_schema, output_schema
 from groundkit_datasette.tools import all_tools
 
 from .conftest import snapshot, write_corpus
-from .test_mcp import METADATA, SECRET, Served, drop_volatile, json_call
+from .test_mcp import METADATA, SECRET, Served, drop_volatile, json_call, mcp_body
 
 pytest.importorskip("datasette_mcp")
 
@@ -108,9 +108,8 @@ async def test_results_and_errors_match_the_json_api(served, built):
             status, body = await json_call(json_client, name, args)
             assert (status, body["error"]) == expected, (name, args, body)
             assert result.is_error
-            assert result.meta[STATUS_META_KEY] == status
-            assert drop_volatile(result.structured_content) == drop_volatile(body)
-            assert json.loads(result.content[0].text) == result.structured_content
+            assert mcp_body(result)[0] == status
+            assert drop_volatile(mcp_body(result)[1]) == drop_volatile(body)
             assert "SENTINEL" not in result.model_dump_json() and "Error executing" not in (
                 result.content[0].text)
     assert snapshot(built["index_dir"]) == built["before"]

@@ -2,7 +2,9 @@
 server): the same tools, schemas, results and errors as the JSON API, and nothing written."""
 
 import json
+import logging
 import os
+import re
 import select
 import socket
 import subprocess
@@ -26,7 +28,9 @@ from pydantic import BaseModel, ConfigDict
 from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.ingest import ingest
-from groundkit_datasette.mcp_server import STATUS_META_KEY, input_schema, output_schema
+from groundkit_datasette.mcp_server import (
+    ERROR_META_KEY, STATUS_META_KEY, input_schema, output_schema,
+)
 from groundkit_datasette.models import MAX_QUERY_CHARS, MAX_TOP_K
 from groundkit_datasette.tools import Tool, all_tools
 
@@ -86,9 +90,16 @@ async def json_call(client, tool_name, arguments):
 
 
 def mcp_body(result):
-    """(status, structured content) of an MCP tool result, in the JSON API's terms."""
+    """(status, body) of an MCP tool result, in the JSON API's terms.
+
+    An error result carries its body as text and in ``_meta``, never as
+    ``structuredContent``: that would have to match the tool's ``outputSchema``.
+    """
     if result.is_error:
-        return result.meta[STATUS_META_KEY], result.structured_content
+        assert result.structured_content is None
+        body = result.meta[ERROR_META_KEY]
+        assert json.loads(result.content[0].text) == body
+        return result.meta[STATUS_META_KEY], body
     return 200, result.structured_content
 
 
@@ -125,7 +136,10 @@ async def check_tools_listed(client, expected_tools):
         assert mcp_tool.input_schema["additionalProperties"] is False
         assert mcp_tool.output_schema == output_schema(tool)
         required = mcp_tool.input_schema.get("required", [])
-        props = mcp_tool.input_schema["properties"]
+        props = mcp_tool.input_schema.get("properties", {})
+        # An agent sees only the schema: every argument says what it is for.
+        undescribed = [p for p, s in props.items() if not s.get("description", "").strip()]
+        assert not undescribed, (tool.name, undescribed)
         if tool.scope == "collection":
             assert "collection" in required and props["collection"]["type"] == "string"
         else:
@@ -183,9 +197,10 @@ async def check_parity(client, json_client, *, private_visible=False):
 
     # Only MCP can omit the collection: refused through the same validation wording.
     result = await client.call_tool("search", {"query": "x"})
-    assert result.is_error and mcp_body(result)[0] == 422
-    assert result.structured_content["error"] == "malformed_request"
-    assert "collection" in result.structured_content["detail"]
+    status, body = mcp_body(result)
+    assert result.is_error and status == 422
+    assert body["error"] == "malformed_request"
+    assert "collection" in body["detail"]
 
 
 # -- stdio ----------------------------------------------------------------------
@@ -412,9 +427,10 @@ async def test_internal_errors_never_reach_the_client(exploding_server):
         result = await client.call_tool("explode", {})
     async with httpx.AsyncClient(base_url=server.url) as json_client:
         r = await json_client.get("/-/groundkit/explode.json")
-    assert result.is_error and result.structured_content["error"] == "internal_error"
+    status, body = mcp_body(result)
+    assert result.is_error and (status, body["error"]) == (500, "internal_error")
     assert r.status_code == 500 and r.json()["error"] == "internal_error"
-    assert drop_volatile(result.structured_content) == drop_volatile(r.json())
+    assert drop_volatile(body) == drop_volatile(r.json())
     wire = result.model_dump_json(by_alias=True) + r.text
     for leak in ("SENTINEL", "boom", "Traceback", "/etc/secret", "RuntimeError", "ValueError"):
         assert leak not in wire
@@ -435,3 +451,206 @@ async def test_mcp_never_writes_to_the_index_dir(served, built, tmp_path):
                 await client.call_tool(name, arguments)
     assert snapshot(built["index_dir"]) == before
     assert set(os.listdir(built["index_dir"])) == {Path(p).parts[0] for p in before}
+
+
+# -- malformed input, request ids, GET ---------------------------------------------
+
+SENTINEL = "SENTINEL-7f3a"
+REQUEST_ID = r"^[0-9a-f]{32}$"
+
+
+def nested(depth: int):
+    value = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def call_line(message_id, **arguments):
+    return {"jsonrpc": "2.0", "id": message_id, "method": "tools/call",
+            "params": {"name": "search", "arguments": {"collection": "energy", **arguments}}}
+
+
+def encoded(message) -> bytes:
+    return json.dumps(message).encode()
+
+
+# (raw message, JSON-RPC code, id the answer names); none of them may go unanswered.
+MALFORMED = [
+    (b"this is not json " + SENTINEL.encode(), -32700, None),
+    (b'{"jsonrpc": "2.0", "id": 5, "method": "tools/list"', -32700, None),  # truncated
+    # Invalid UTF-8: a stray byte, and a surrogate encoded as UTF-8 bytes (CESU-8).
+    (b'{"jsonrpc": "2.0", "id": 6, "method": "tools/list", "x": "\xff"}', -32700, None),
+    (b'{"jsonrpc": "2.0", "id": 7, "method": "tools/list", "x": "\xed\xa0\x80"}', -32700, None),
+    # A lone surrogate as a JSON escape: parses in Python, encodes nowhere.
+    (encoded(call_line(8, query="x \ud800 " + SENTINEL)), -32700, 8),
+    (b"[" * 100_000 + b"]" * 100_000, -32600, None),  # RecursionError depth
+    (encoded(call_line(10, query="x", vector=nested(100))), -32600, 10),
+    (encoded({"id": 11, "params": {SENTINEL: 1}}), -32600, 11),  # JSON, not JSON-RPC
+    (encoded({"jsonrpc": "2.0", "id": SENTINEL, "params": 1}), -32600, None),  # a text id is not repeated
+    (encoded([{"jsonrpc": "2.0", "id": 12, "method": "tools/list"}]), -32600, None),  # a batch
+]
+
+
+def check_refusal(answer: dict, code: int, message_id) -> str:
+    """A JSON-RPC error in fixed words: the right code and id, our request id, no input echoed."""
+    assert answer["jsonrpc"] == "2.0" and answer["id"] == message_id, answer
+    assert answer["error"]["code"] == code, answer
+    assert set(answer["error"]["data"]) == {"request_id"}
+    assert re.match(REQUEST_ID, answer["error"]["data"]["request_id"])
+    assert SENTINEL not in json.dumps(answer) and "Traceback" not in json.dumps(answer)
+    return answer["error"]["data"]["request_id"]
+
+
+def test_stdio_answers_every_malformed_line_and_echoes_nothing(built, tmp_path):
+    """Raw writes to a real ``groundkit mcp``: the SDK alone would drop these lines silently
+    and leave the client waiting; an unknown method's name must not come back in error.data."""
+    with open(tmp_path / "err.txt", "wb") as err:
+        proc = subprocess.Popen([sys.executable, *cli_args(built)], bufsize=0, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=err)
+    watchdog = threading.Timer(120, proc.kill)
+    watchdog.start()
+    try:
+        def send(raw: bytes):
+            proc.stdin.write(raw + b"\n")
+
+        def answer():
+            return json.loads(_read_line(proc))
+
+        send(encoded({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                      "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                 "clientInfo": {"name": "raw", "version": "0"}}}))
+        assert answer()["id"] == 1
+        send(encoded({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+        request_ids = []
+        for raw, code, message_id in MALFORMED:
+            send(raw)
+            request_ids.append(check_refusal(answer(), code, message_id))
+        # Longer than the body limit (max_body_bytes, 256 KiB): refused, and the rest of it skipped.
+        send(b'{"jsonrpc": "2.0", "id": 30, "method": "tools/list", "pad": "' + b"a" * (300 * 1024) + b'"}')
+        request_ids.append(check_refusal(answer(), -32600, None))
+        send(b"   ")  # a blank line is no message: nothing to answer
+        send(encoded({"jsonrpc": "2.0", "id": 20, "method": "tools/" + SENTINEL}))
+        unknown = _read_line(proc)
+        assert json.loads(unknown)["error"]["code"] == -32601 and json.loads(unknown)["id"] == 20
+        assert SENTINEL.encode() not in unknown and b'"data"' not in unknown
+        # Still serving after all of that.
+        send(encoded(call_line(21, query="wind")))
+        hits = answer()["result"]["structuredContent"]["hits"]
+        assert hits[0]["source"] == "notes/wind.txt"
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        watchdog.cancel()
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and rest == b""
+    stderr = (tmp_path / "err.txt").read_text()
+    lines = stderr.splitlines()
+    for request_id in request_ids:
+        assert any(f"request_id={request_id} " in line and "surface=mcp-stdio refused" in line
+                   for line in lines), request_id
+    assert SENTINEL not in stderr and "Traceback" not in stderr
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+@pytest.fixture
+def access_lines():
+    """The ``groundkit.access`` lines (that logger does not propagate to caplog's handler)."""
+    handler = _Lines()
+    logger = logging.getLogger("groundkit.access")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield handler.lines
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+MCP_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream",
+               "mcp-protocol-version": "2025-06-18"}
+
+
+async def test_http_answers_malformed_bodies_with_json_rpc_errors(served, access_lines):
+    server, _ds = served
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        for raw, code, message_id in MALFORMED:
+            r = await http.post("/-/groundkit/mcp", content=raw, headers=MCP_HEADERS)
+            assert r.status_code == 400, (raw[:60], r.status_code, r.text[:200])
+            request_id = check_refusal(r.json(), code, message_id)
+            assert r.headers["x-request-id"] == request_id
+            assert SENTINEL not in r.text
+            assert any(line.startswith(f"request_id={request_id} method=POST route=/-/groundkit/mcp "
+                                       "surface=mcp-http refused status=400") for line in access_lines), access_lines
+        r = await http.post("/-/groundkit/mcp", headers=MCP_HEADERS,
+                            content=encoded({"jsonrpc": "2.0", "id": 3, "method": "tools/" + SENTINEL}))
+        assert r.json()["error"]["code"] == -32601 and "data" not in r.json()["error"]
+        assert SENTINEL not in r.text and re.match(REQUEST_ID, r.headers["x-request-id"])
+
+
+async def test_every_http_mcp_answer_carries_its_request_id(served):
+    """Successes too, and a tool call's error body names the id of the answer that carries it."""
+    server, _ds = served
+    seen = []
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        async def post(message):
+            r = await http.post("/-/groundkit/mcp", content=encoded(message), headers=MCP_HEADERS)
+            assert re.match(REQUEST_ID, r.headers.get("x-request-id", "")), (message, r.headers)
+            seen.append(r.headers["x-request-id"])
+            return r
+
+        r = await post({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                                   "clientInfo": {"name": "raw", "version": "0"}}})
+        assert r.status_code == 200 and r.json()["result"]["serverInfo"]["name"] == "groundkit"
+        assert (await post({"jsonrpc": "2.0", "method": "notifications/initialized"})).status_code == 202
+        assert (await post({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})).status_code == 200
+        r = await post(call_line(3, query="wind"))
+        assert r.json()["result"]["structuredContent"]["hits"]
+        r = await post({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                        "params": {"name": "search", "arguments": {"collection": "nope", "query": "x"}}})
+        result = r.json()["result"]
+        assert result["isError"] is True and "structuredContent" not in result
+        assert result["_meta"][ERROR_META_KEY]["request_id"] == r.headers["x-request-id"]
+        assert json.loads(result["content"][0]["text"])["request_id"] == r.headers["x-request-id"]
+        # The SDK's own refusal of the content type, re-shaped: the same id in the header, the body and the log.
+        r = await http.post("/-/groundkit/mcp", content=encoded({"jsonrpc": "2.0", "id": 5, "method": "tools/list"}),
+                            headers=dict(MCP_HEADERS, **{"content-type": "text/plain"}))
+        assert r.status_code in (400, 415) and re.match(REQUEST_ID, r.headers["x-request-id"])
+        assert r.json()["request_id"] == r.headers["x-request-id"]
+    assert len(set(seen)) == len(seen)
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE", "PUT"])
+async def test_http_mcp_endpoint_refuses_everything_but_post(served, method):
+    """Stateless JSON: no server stream for a GET to hold open, no session for a DELETE to end.
+    A client's optional GET must be answered at once (405) rather than held."""
+    server, _ds = served
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as http:
+        r = await http.request(method, "/-/groundkit/mcp", headers={"accept": "text/event-stream"})
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.headers["content-type"].startswith("application/json")
+    body = r.json()
+    assert body["error"] == "method_not_allowed" and body["request_id"] == r.headers["x-request-id"]
+
+
+async def test_http_mcp_takes_the_operators_body_limit(built):
+    """``max_body_bytes`` bounds MCP bodies as it bounds the JSON API's."""
+    config = {"index_dir": str(built["index_dir"]), "base_dir": str(built["corpus"]), "max_body_bytes": 2048}
+    ds = Datasette(files=[], metadata={"plugins": {"groundkit": config}})
+    await ds.invoke_startup()
+    small = encoded(call_line(1, query="wind"))
+    big = encoded(call_line(2, query="wind " * 1000))
+    r = await ds.client.post("/-/groundkit/mcp", content=small, headers=MCP_HEADERS)
+    assert r.status_code == 200 and not r.json()["result"].get("isError")
+    r = await ds.client.post("/-/groundkit/mcp", content=big, headers=MCP_HEADERS)
+    assert r.status_code == 413 and r.json()["error"] == "payload_too_large"
+    assert r.json()["detail"] == "request body exceeds 2 KiB"
+    assert r.json()["request_id"] == r.headers["x-request-id"]
