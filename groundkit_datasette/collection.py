@@ -243,6 +243,7 @@ class Collection:
                 reason = (f"vectors cover {vectors} of {chunks} chunks; "
                           "re-run groundkit ingest to embed the rest")
         dense = reason is None
+        from .modes import available_modes
         chunker = json.loads(self.manifest["chunker"]) if self.manifest.get("chunker") else None
         return IndexStatus(
             collection=self.name,
@@ -253,6 +254,7 @@ class Collection:
             embedding=embedding,
             dense_available=dense,
             dense_unavailable_reason=reason,
+            modes=available_modes(self, reason),
             ann_index=self.manifest.get("ann_index") or None,
             chunker=chunker,
             bm25_terms=terms,

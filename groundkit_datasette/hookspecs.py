@@ -17,5 +17,10 @@ def register_rerankers(register):
 
 
 @hookspec
+def register_search_modes(register):
+    """Call ``register(mode)`` with a ``modes.SearchMode`` to add a search mode to every surface."""
+
+
+@hookspec
 def register_tools(register):
     """Call ``register(tool)`` with a ``Tool`` to add an operation to every surface."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -13,7 +12,15 @@ DEFAULT_TOP_K = 10
 MAX_VECTOR_DIMS = 4096
 CHUNK_ID_PATTERN = r"^c_[0-9a-f]{24}$"
 
-Mode = Literal["bm25", "dense", "hybrid"]
+
+
+def _mode_enum(schema: dict) -> None:
+    """The registered search modes (modes.py), read when a schema is generated."""
+    from .modes import mode_names
+
+    for option in schema.get("anyOf", [schema]):
+        if option.get("type") == "string":
+            option["enum"] = mode_names()
 
 
 class Request(BaseModel):
@@ -24,8 +31,10 @@ class Request(BaseModel):
 
 class SearchRequest(Request):
     query: str = Field(min_length=1, max_length=MAX_QUERY_CHARS, description="Free text; no query syntax.")
-    mode: Mode | None = Field(
-        default=None, description="bm25, dense or hybrid; default hybrid when the collection has vectors."
+    mode: str | None = Field(
+        default=None, max_length=64, json_schema_extra=_mode_enum,
+        description="A registered search mode (bm25, dense, hybrid, or a plugin's); default hybrid "
+        "when the collection has vectors this server can search, else bm25.",
     )
     top_k: int = Field(
         default=DEFAULT_TOP_K, ge=1, le=MAX_TOP_K,
@@ -54,11 +63,25 @@ class SearchRequest(Request):
             raise ValueError("vector values must be finite numbers")
         return v
 
+    @field_validator("mode")
+    @classmethod
+    def _registered_mode(cls, v):
+        if v is not None:
+            from .modes import registered_modes
+
+            modes = registered_modes()
+            if v not in modes:
+                raise ValueError("mode must be one of: " + ", ".join(modes))
+        return v
+
     @model_validator(mode="after")
     def _vector_needs_dense(self):
         # A vector BM25 would ignore is a caller's mistake, not a hint: say so.
-        if self.vector is not None and self.mode == "bm25":
-            raise ValueError("vector is only used by mode dense or hybrid, not bm25")
+        if self.vector is not None and self.mode is not None:
+            from .modes import registered_modes
+
+            if not registered_modes()[self.mode].needs_vectors:
+                raise ValueError(f"vector is only used by modes that search vectors, not {self.mode}")
         return self
 
 
@@ -108,7 +131,7 @@ class Hit(Citation):
 
 class SearchResponse(Response):
     collection: str
-    mode: Mode
+    mode: str
     generation: int
     top_k: int
     reranked: bool = False
@@ -146,6 +169,8 @@ class IndexStatus(Response):
     embedding: EmbeddingManifest | None
     dense_available: bool
     dense_unavailable_reason: str | None = None
+    # The search modes this server can run on the collection (registered modes, modes.py).
+    modes: list[str] = Field(default_factory=list)
     ann_index: str | None = None
     chunker: dict | None = None
     bm25_terms: int

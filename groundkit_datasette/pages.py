@@ -21,7 +21,6 @@ from .tools import BUILTIN_TOOLS, Tool, all_tools
 
 _FORM_FIELDS = {"q": "query", "mode": "mode", "top_k": "top_k", "rerank": "rerank",
                 "source": "source"}
-MODES = ("bm25", "dense", "hybrid")
 SNIPPET_CHARS = 360
 _STATIC_DIR = Path(__file__).parent / "plugin" / "static"
 NO_RERANKER = "no reranker is configured on this server"
@@ -176,20 +175,25 @@ def _components(hit) -> list[dict]:
 
 
 def _mode_options(status, selected: str | None) -> list[dict]:
-    dense = bool(status and status.dense_available)
-    reason = None if dense else (
-        (status.dense_unavailable_reason if status else None) or "dense search is unavailable")
+    """Every registered mode; those this server cannot run here are shown disabled."""
+    from .modes import registered_modes
+
+    available = set(status.modes) if status is not None else {"bm25"}
+    reason = (status.dense_unavailable_reason if status else None) or "dense search is unavailable"
     return [
-        {"value": m, "label": m, "selected": m == selected,
-         "disabled": m != "bm25" and not dense, "reason": None if m == "bm25" else reason}
-        for m in MODES
+        {"value": m.name, "label": m.name, "selected": m.name == selected,
+         "disabled": m.name not in available,
+         "reason": reason if m.name not in available else None}
+        for m in registered_modes().values()
     ]
 
 
 def _search_form(datasette, collection: str, status, arguments: dict, response, reranker: bool):
     """Values for the search form: echo the request, default the mode like the service does."""
+    from .modes import mode_names
+
     mode = arguments.get("mode")
-    if mode not in MODES:
+    if mode not in mode_names():
         mode = response.mode if response else (
             "hybrid" if status and status.dense_available else "bm25")
     options = _mode_options(status, mode)

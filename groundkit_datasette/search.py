@@ -21,9 +21,7 @@ from .errors import (
 from .vectors import ANN_EF, ANN_REFINE
 from .models import MAX_TOP_K, SearchRequest, SearchResponse
 
-# Candidates taken from each list before reciprocal rank fusion.
-HYBRID_DEPTH = 100
-RRF_K = 60
+from .modes import HYBRID_DEPTH, RRF_K, fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
 _GLOB_CHARS = set("*?[")
 
 _embedders: dict[str, object] = {}
@@ -244,14 +242,6 @@ def _query_vector(collection, request):
     return query_embedder(collection).embed_query(request.query)
 
 
-def _fuse(bm25_list, dense_list):
-    scores: dict[str, float] = {}
-    for ranked in (bm25_list, dense_list):
-        for rank, (cid, _s) in enumerate(ranked, 1):
-            scores[cid] = scores.get(cid, 0.0) + 1.0 / (RRF_K + rank)
-    return sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
-
-
 def _hits(collection, ranked, components):
     if not ranked:
         return []
@@ -287,68 +277,66 @@ def _hits(collection, ranked, components):
 
 
 def run_search(collection, request: SearchRequest, access=None) -> SearchResponse:
-    """``access`` (acl.Access) restricts the search to one reader's documents."""
+    """``access`` (acl.Access) restricts the search to one reader's documents.
+
+    The mode (modes.py) only ranks; the reader's permissions and the request's filters are
+    applied here, before ranking for the built-in rankers and again to whatever a mode
+    returns, so no mode can hand out a chunk the reader may not see.
+    """
+    from .modes import BUILTIN_MODES, RankContext, registered_modes
+
     started = time.perf_counter()
-    timings: dict[str, float] = {}
-    mode = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
-    if mode == "bm25" and request.vector is not None:  # no mode given, a BM25-only collection
+    modes = registered_modes()
+    name = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
+    mode = modes[name]
+    if not mode.needs_vectors and request.vector is not None:  # no mode given, BM25-only collection
         raise DenseUnavailable("the collection was built without embeddings; a query vector "
                                "cannot be used")
     if request.rerank and collection.reranker is None:
         raise RerankNotConfigured("reranking was requested but no reranker is configured")
     depth = MAX_TOP_K if request.rerank else request.top_k
-    allowed = _allowed(collection, request, access)
-    complete = True
     # Plain dicts: SearchResponse validates every hit in one pass of pydantic-core.
-    components: dict[str, dict[str, dict]] = {}
-
-    def timed(label, fn, *args):
-        t = time.perf_counter()
-        out = fn(*args)
-        timings[label] = round((time.perf_counter() - t) * 1000, 3)
-        return out
-
-    bm25_list = dense_list = None
-    if mode in ("dense", "hybrid"):
-        vector = timed("embed_ms", _query_vector, collection, request)
-    if mode in ("bm25", "hybrid"):
-        bm25_list = timed(
-            "bm25_ms", _bm25_ranked, collection, request.query,
-            depth if mode == "bm25" else max(depth, HYBRID_DEPTH), allowed,
-        )
-        for rank, (cid, s) in enumerate(bm25_list, 1):
-            components.setdefault(cid, {})["bm25"] = {"rank": rank, "score": s}
-    if mode in ("dense", "hybrid"):
-        dense_depth = depth if mode == "dense" else max(depth, HYBRID_DEPTH)
-        dense_list = timed("dense_ms", _dense_ranked, collection, vector, dense_depth, allowed)
-        complete = _dense_complete(collection, dense_list, dense_depth, allowed)
-        for rank, (cid, s) in enumerate(dense_list, 1):
-            components.setdefault(cid, {})["dense"] = {"rank": rank, "score": s}
-    if mode == "hybrid":
-        ranked = _fuse(bm25_list, dense_list)[:depth]
-    else:
-        ranked = bm25_list if mode == "bm25" else dense_list
+    ctx = RankContext(collection, request, depth, _allowed(collection, request, access))
+    ranked = mode.rank(ctx)
+    if mode not in BUILTIN_MODES:  # the built-in rankers filter before ranking
+        ranked = _only_allowed(collection, ranked, ctx.allowed)
+    ranked = ranked[:depth]
 
     rerank_model = rerank_depth = None
     if request.rerank:
-        ranked, rerank_model, rerank_depth = timed(
-            "rerank_ms", _rerank, collection, request.query, ranked, components
+        ranked, rerank_model, rerank_depth = ctx.timed(
+            "rerank_ms", _rerank, collection, request.query, ranked, ctx.components
         )
     ranked = ranked[: request.top_k]
-    hits = _hits(collection, ranked, components)
-    timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    hits = _hits(collection, ranked, ctx.components)
+    ctx.timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
     return SearchResponse(
         collection=collection.name,
-        mode=mode,
+        mode=name,
         generation=collection.generation,
         top_k=request.top_k,
         reranked=request.rerank,
         rerank_model=rerank_model,
         rerank_depth=rerank_depth,
-        complete=complete,
-        timings_ms=timings,
+        complete=ctx.complete,
+        timings_ms=ctx.timings,
         hits=hits,
     )
+
+
+def _only_allowed(collection, ranked, allowed):
+    """``ranked`` without chunks outside ``allowed`` (built-in rankers never return any; a
+    plugin's mode is held to the same rule here). Unknown chunk ids are dropped too."""
+    if not ranked:
+        return []
+    ids = [cid for cid, _ in ranked]
+    marks = ",".join("?" * len(ids))
+    rows = dict(collection.query(f"SELECT chunk_id, id FROM chunks WHERE chunk_id IN ({marks})", ids))
+    if allowed is None:
+        return [(cid, s) for cid, s in ranked if cid in rows]
+    known = [(cid, s) for cid, s in ranked if cid in rows]
+    keep = allowed.mask(np.asarray([rows[cid] for cid, _ in known], dtype=np.int64))
+    return [pair for pair, ok in zip(known, keep) if ok]
 
 
 def _rerank(collection, query, ranked, components):
