@@ -194,16 +194,15 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
     ``hidden`` (sorted chunk row ids a reader may not see) and ``total`` (chunks in the
     collection) compute IDF over the rest; see :func:`without_hidden`.
     """
-    terms = sorted(set(tokenize(query)))
+    counts = Counter(tokenize(query))
+    terms = sorted(counts)
     if not terms:
         return np.empty(0, np.int64), np.empty(0, np.float32)
-    postings = []
-    missing = terms
-    if cache is not None:
-        missing = [t for t in terms if t not in cache]
+    resolved = {t: cache[t] for t in terms if t in cache} if cache is not None else {}
+    missing = [t for t in terms if t not in resolved]
     if missing:
         marks = ",".join("?" * len(missing))
-        found = {t: None for t in missing}
+        found = dict.fromkeys(missing)
         for term, ids, weights in conn.execute(
             "SELECT v.term, p.chunk_ids, p.weights FROM bm25_vocab v JOIN bm25_postings p "
             f"ON p.term_id = v.term_id WHERE v.term IN ({marks})",
@@ -214,19 +213,22 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
             if len(cache) > POSTINGS_CACHE_TERMS:
                 cache.clear()
             cache.update(found)
-        else:
-            postings = [p for p in found.values() if p is not None]
-    if cache is not None:
-        postings = [cache[t] for t in terms if cache[t] is not None]
+        resolved.update(found)
+    present = [t for t in terms if resolved[t] is not None]
+    postings = [resolved[t] for t in present]
+    # A word the query repeats counts as often as it is repeated (as in Lucene and bm25s):
+    # in a long, natural-language query the repeated words carry the topic.
+    repeats = [counts[t] for t in present]
     if not postings:
         return np.empty(0, np.int64), np.empty(0, np.float32)
     if hidden is not None and hidden.size and total:
         postings = without_hidden(postings, hidden, total)
     if len(postings) == 1:
-        return postings[0][0].astype(np.int64), postings[0][1].copy()
+        ids, weights = postings[0]
+        return ids.astype(np.int64), weights * np.float32(repeats[0])
     top = max(int(ids[-1]) for ids, _ in postings if ids.size) + 1
     acc = np.zeros(top, dtype=np.float32)
-    for ids, weights in postings:
-        acc[ids] += weights
+    for (ids, weights), n in zip(postings, repeats):
+        acc[ids] += weights if n == 1 else weights * np.float32(n)
     hit = np.flatnonzero(acc)
     return hit.astype(np.int64), acc[hit]
