@@ -535,7 +535,9 @@ class Indexer:
                     report.removed += 1
                     changed = True
 
-        if changed or rechunk or manifest.get("chunker") is None:
+        # New BM25 settings (k1, b, IDF unit) re-weigh the postings of an unchanged corpus.
+        rescore = manifest.get("bm25") != json.dumps(bm25.settings())
+        if changed or rechunk or rescore or manifest.get("chunker") is None:
             changed = True
             self._write_manifest(conn, manifest, embedder, chunker, generation, base)
         report.generation = generation if changed else int(manifest.get("generation", "0"))
@@ -638,7 +640,7 @@ class Indexer:
             "generation": str(generation),
             "chunker": chunker,
             "base_dir": os.path.relpath(base, self.index_dir.resolve()),
-            "bm25": json.dumps({"k1": bm25.K1, "b": bm25.B}),
+            "bm25": json.dumps(bm25.settings()),
         }
         # Sticky: once any version had an access list, every later one says so, so a publish
         # that drops the last list cannot open Datasette's raw views mid-flight (adr/0011).

@@ -1,3 +1,4 @@
+import json
 import sqlite3
 from array import array
 from collections import Counter
@@ -82,3 +83,87 @@ def test_a_word_the_query_repeats_counts_as_often_as_it_is_repeated(tmp_path):
         assert twice["aurora.txt"] == pytest.approx(once["aurora.txt"], rel=1e-6)
         # The single-term path weighs repeats too.
         assert _scores(col, "fjord fjord fjord")["fjord.txt"] == pytest.approx(3 * once["fjord.txt"], rel=1e-6)
+
+
+def _long_document(word_in_every_chunk: bool) -> str:
+    """Five paragraphs of equal token count, each well over a chunk apart."""
+    paragraphs = []
+    for i in range(5):
+        word = "glacier" if word_in_every_chunk or i == 0 else "boulder"
+        paragraphs.append(f"Survey {word} " + " ".join(f"moraine{i}x{j}" for j in range(110)) + ".")
+    return "\n\n".join(paragraphs) + "\n"
+
+
+def test_idf_counts_documents_not_the_chunks_a_long_document_is_cut_into(tmp_path):
+    """A term a long document repeats in each of its chunks is not thereby more common."""
+    pads = {f"pad{i}.txt": f"Harbour notes number {i} about ferries.\n" for i in range(6)}
+    scores = []
+    for name, every in (("every", True), ("once", False)):
+        files = {"long.txt": _long_document(every), "short.txt": "A glacier calved into the bay.\n", **pads}
+        with _bm25_collection(tmp_path, files, name) as col:
+            assert col.query("SELECT chunk_count FROM documents WHERE source = 'long.txt'")[0][0] >= 5
+            scores.append(_scores(col, "glacier")["short.txt"])
+    # Same chunk lengths and the same two documents holding the term: the same IDF.
+    assert scores[0] == pytest.approx(scores[1], rel=1e-6)
+
+
+def test_a_readers_idf_counts_hidden_documents_not_their_chunks(tmp_path):
+    """Per-reader IDF (adr/0007) recounts in the unit the stored weights use: documents."""
+    import json
+
+    from groundkit_datasette.acl import Reader, ScopedCollection
+    from groundkit_datasette.models import SearchRequest
+
+    def public_score(name, every):
+        files = {"public.txt": "A glacier calved into the bay.\n",
+                 **{f"pad{i}.txt": f"Harbour notes number {i} about ferries.\n" for i in range(6)}}
+        corpus = tmp_path / f"{name}-corpus"
+        (corpus / "hr").mkdir(parents=True)
+        (corpus / "hr" / ".groundkit-acl.json").write_text(json.dumps({"groups": ["hr"]}))
+        (corpus / "hr" / "memo.txt").write_text(_long_document(every))
+        for path, text in files.items():
+            (corpus / path).write_text(text)
+        from groundkit_datasette.collection import Collection
+        from groundkit_datasette.ingest import ingest
+
+        ingest([corpus], collection=name, index_dir=tmp_path / "index", embedder="none")
+        with Collection.open(name, index_dir=tmp_path / "index") as col:
+            view = ScopedCollection(col, Reader(None, frozenset()))
+            hits = view.search(SearchRequest(query="glacier", mode="bm25", top_k=5)).hits
+            assert {h.source for h in hits} == {"public.txt"}
+            unscoped = _scores(col, "glacier")["public.txt"]
+            return hits[0].score, unscoped
+
+    # The hidden memo mentions the term in all its chunks, or in its first only: the same
+    # document frequency, so the same IDF, for the operator and for an anonymous reader.
+    (every, every_all), (once, once_all) = public_score("every", True), public_score("once", False)
+    assert every_all == pytest.approx(once_all, rel=1e-6)
+    assert every == pytest.approx(once, rel=1e-6)
+    # And the reader's figure is not the operator's: the memo is subtracted.
+    assert every > every_all * 1.01
+
+
+def test_a_collection_scored_with_other_settings_is_rescored_by_the_next_ingest(tmp_path):
+    """A file written before document IDF still searches, and re-ingest brings it up to date."""
+    from groundkit_datasette.ingest import ingest
+
+    files = {"a.txt": "The aurora shone over the hills.\n", "b.txt": "The fjord froze.\n"}
+    with _bm25_collection(tmp_path, files, "old") as col:
+        expected = _scores(col, "aurora fjord")
+    path = tmp_path / "index" / "old.sqlite3"
+    conn = sqlite3.connect(path)
+    with conn:  # what an earlier version wrote: no document map, no IDF unit in the record
+        conn.execute("DELETE FROM bm25_postings WHERE term_id = ?", (bm25.DOCUMENT_MAP_ID,))
+        conn.execute("UPDATE groundkit_manifest SET value = '{\"k1\": 1.5, \"b\": 0.75}' WHERE key = 'bm25'")
+    conn.close()
+    assert bm25.document_map(sqlite3.connect(path)) is None
+    report = ingest([tmp_path / "old-corpus"], collection="old", index_dir=tmp_path / "index", embedder="none")
+    assert report.unchanged == 2 and report.published
+    conn = sqlite3.connect(path)
+    assert json.loads(conn.execute("SELECT value FROM groundkit_manifest WHERE key = 'bm25'").fetchone()[0]) \
+        == bm25.settings()
+    assert bm25.document_map(conn) is not None
+    from groundkit_datasette.collection import Collection
+
+    with Collection.open("old", index_dir=tmp_path / "index") as col:
+        assert _scores(col, "aurora fjord") == pytest.approx(expected)
