@@ -14,7 +14,7 @@ import numpy as np
 import Stemmer
 
 K1 = 1.5
-B = 0.75
+B = 0.5  # chunks are length-capped; see adr/0011-quality-bm25.md
 
 _WORD = re.compile(r"\w+")
 # A reserved postings row: every chunk row id in content-hash order, the BM25 tie-breaker.

@@ -167,3 +167,32 @@ def test_a_collection_scored_with_other_settings_is_rescored_by_the_next_ingest(
 
     with Collection.open("old", index_dir=tmp_path / "index") as col:
         assert _scores(col, "aurora fjord") == pytest.approx(expected)
+
+
+def test_stored_weights_are_bm25_over_chunks_with_document_idf(tmp_path):
+    """Recomputes every posting from the chunk term rows by the formula, independently."""
+    import math
+
+    files = {"long.txt": _long_document(True), "short.txt": "A glacier calved; the glacier moved.\n",
+             **{f"pad{i}.txt": f"Harbour notes number {i} about ferries and a glacier.\n" for i in range(3)}}
+    with _bm25_collection(tmp_path, files, "formula") as col:
+        chunk_rows = col.query("SELECT t.id, t.length, t.term_ids, t.term_freqs, c.document_id "
+                               "FROM bm25_chunk_terms t JOIN chunks c ON c.id = t.id")
+        avgdl = sum(r[1] for r in chunk_rows) / len(chunk_rows)
+        documents = {r[4] for r in chunk_rows}
+        holders = {}
+        for row_id, _length, ids, _freqs, doc in chunk_rows:
+            for t in array("i", ids):
+                holders.setdefault(t, set()).add(doc)
+        postings = {t: dict(zip(array("i", ids), array("f", w)))
+                    for t, ids, w in col.query("SELECT term_id, chunk_ids, weights FROM bm25_postings "
+                                               "WHERE term_id >= 0")}
+        checked = 0
+        for row_id, length, ids, freqs, _doc in chunk_rows:
+            for t, f in zip(array("i", ids), array("i", freqs)):
+                df = len(holders[t])
+                idf = math.log(1 + (len(documents) - df + 0.5) / (df + 0.5))
+                want = idf * f * (bm25.K1 + 1) / (f + bm25.K1 * (1 - bm25.B + bm25.B * length / avgdl))
+                assert postings[t][row_id] == pytest.approx(want, rel=1e-5)
+                checked += 1
+        assert checked > 100
