@@ -256,6 +256,19 @@ def tie_ranks(conn: sqlite3.Connection) -> np.ndarray | None:
     return ranks
 
 
+def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
+    """``{term: (chunk row ids, weights) or None}`` read from the postings."""
+    found = dict.fromkeys(terms)
+    marks = ",".join("?" * len(terms))
+    for term, ids, weights in conn.execute(
+        "SELECT v.term, p.chunk_ids, p.weights FROM bm25_vocab v JOIN bm25_postings p "
+        f"ON p.term_id = v.term_id WHERE v.term IN ({marks})",
+        terms,
+    ):
+        found[term] = (np.frombuffer(ids, dtype=np.int32), np.frombuffer(weights, dtype=np.float32))
+    return found
+
+
 def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
           hidden: np.ndarray | None = None, total: int | None = None):
     """Return ``(chunk row ids, scores)`` of every chunk matching any query term.
@@ -263,38 +276,35 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
     ``hidden`` (sorted chunk row ids a reader may not see) and ``total`` (chunks in the
     collection) compute IDF over the rest; see :func:`without_hidden`.
     """
-    counts = Counter(tokenize(query))
-    terms = sorted(counts)
+    tokens = tokenize(query)
+    terms = sorted(set(tokens))
     if not terms:
         return np.empty(0, np.int64), np.empty(0, np.float32)
-    resolved = {t: cache[t] for t in terms if t in cache} if cache is not None else {}
-    missing = [t for t in terms if t not in resolved]
-    if missing:
-        marks = ",".join("?" * len(missing))
-        found = dict.fromkeys(missing)
-        for term, ids, weights in conn.execute(
-            "SELECT v.term, p.chunk_ids, p.weights FROM bm25_vocab v JOIN bm25_postings p "
-            f"ON p.term_id = v.term_id WHERE v.term IN ({marks})",
-            missing,
-        ):
-            found[term] = (np.frombuffer(ids, dtype=np.int32), np.frombuffer(weights, dtype=np.float32))
-        if cache is not None:
-            if len(cache) > POSTINGS_CACHE_TERMS:
-                cache.clear()
-            cache.update(found)
-        resolved.update(found)
-    present = [t for t in terms if resolved[t] is not None]
-    postings = [resolved[t] for t in present]
     # A word the query repeats counts as often as it is repeated (as in Lucene and bm25s):
     # in a long, natural-language query the repeated words carry the topic.
-    repeats = [counts[t] for t in present]
+    counts = Counter(tokens) if len(terms) < len(tokens) else None
+    if cache is None:
+        resolved = _fetch(conn, terms)
+    else:
+        missing = [t for t in terms if t not in cache]
+        if missing:
+            found = _fetch(conn, missing)
+            if len(cache) > POSTINGS_CACHE_TERMS:
+                kept = {t: cache[t] for t in terms if t in cache}
+                cache.clear()
+                cache.update(kept)
+            cache.update(found)
+        resolved = cache
+    present = [t for t in terms if resolved[t] is not None]
+    postings = [resolved[t] for t in present]
+    repeats = [counts[t] for t in present] if counts else [1] * len(present)
     if not postings:
         return np.empty(0, np.int64), np.empty(0, np.float32)
     if hidden is not None and hidden.size and total:
         postings = without_hidden(postings, hidden, total, document_map(conn, cache))
     if len(postings) == 1:
         ids, weights = postings[0]
-        return ids.astype(np.int64), weights * np.float32(repeats[0])
+        return ids.astype(np.int64), weights * np.float32(repeats[0]) if counts else weights.copy()
     top = max(int(ids[-1]) for ids, _ in postings if ids.size) + 1
     acc = np.zeros(top, dtype=np.float32)
     for (ids, weights), n in zip(postings, repeats):
