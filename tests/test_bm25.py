@@ -196,3 +196,12 @@ def test_stored_weights_are_bm25_over_chunks_with_document_idf(tmp_path):
                 assert postings[t][row_id] == pytest.approx(want, rel=1e-5)
                 checked += 1
         assert checked > 100
+
+
+def test_tokenizer_rules_for_hyphens_apostrophes_numbers_and_single_characters():
+    """Kept as measured in adr/0011-quality-bm25.md: hyphens and apostrophes split words, numbers
+    and one-character words are terms (vitamin D), our stop words go."""
+    stem = bm25._stemmer.stemWords
+    assert bm25.tokenize("Free-flight tests of Vitamin D, 42 don't fail") == stem(
+        ["free", "flight", "tests", "vitamin", "d", "42", "fail"])
+    assert bm25.tokenize("The and of") == []
