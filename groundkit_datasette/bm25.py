@@ -14,11 +14,17 @@ import numpy as np
 import Stemmer
 
 K1 = 1.5
-B = 0.75
+B = 0.5  # chunks are length-capped; see adr/0011-quality-bm25.md
 
 _WORD = re.compile(r"\w+")
 # A reserved postings row: every chunk row id in content-hash order, the BM25 tie-breaker.
 TIE_ORDER_ID = -1
+# A reserved postings row: ``documents[row id]`` = the document ordinal of each chunk row
+# (-1 for a gap), so a reader's IDF can be recounted in documents. Older files lack it.
+DOCUMENT_MAP_ID = -2
+# What the stored weights were computed with; ingest records it in the manifest and
+# rebuilds the postings of a collection whose record differs.
+IDF_UNIT = "document"
 # Postings kept in memory per open collection (one published version, so never stale).
 POSTINGS_CACHE_TERMS = 50_000
 
@@ -99,32 +105,76 @@ class TermTable:
             self.new_terms = []
 
 
+def settings() -> dict:
+    """The scoring settings the stored weights depend on (the manifest's ``bm25`` record)."""
+    return {"k1": K1, "b": B, "idf": IDF_UNIT}
+
+
 def idf_of(n, df):
-    """BM25's IDF (the Lucene form, never negative) of a term in ``df`` of ``n`` chunks."""
+    """BM25's IDF (the Lucene form, never negative) of a term in ``df`` of ``n`` units.
+
+    The units are documents (see adr/0011-quality-bm25.md): a term that a long
+    document repeats in each of its chunks is not thereby more common.
+    """
     return np.log1p((n - df + 0.5) / (df + 0.5))
 
 
-def without_hidden(postings, hidden: np.ndarray, total: int):
+def _documents_of(ids: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """The distinct document ordinals of the chunk rows ``ids``."""
+    return np.unique(documents[ids])
+
+
+def without_hidden(postings, hidden: np.ndarray, total: int, documents: np.ndarray | None = None):
     """Re-weight each term's postings as if the ``hidden`` chunk rows were not there.
 
     A reader's scores then depend on what it may read, not on how often a term
     occurs in documents hidden from it. Only IDF is redone: the stored weights
-    keep the average chunk length of the whole collection.
+    keep the average chunk length of the whole collection. ``documents`` (the
+    document map, see :func:`document_map`) counts in documents, as the stored
+    weights do; without it (a file written before document IDF) in chunks.
     """
-    visible = total - hidden.size
+    if documents is None:
+        visible = total - hidden.size
+        out = []
+        for ids, weights in postings:
+            df = ids.size
+            df_visible = df - int(np.count_nonzero(np.isin(ids, hidden, assume_unique=True)))
+            factor = idf_of(visible, df_visible) / idf_of(total, df)
+            out.append((ids, weights * np.float32(factor)))
+        return out
+    n = int(documents.max()) + 1 if documents.size else 0
+    hidden_docs = _documents_of(hidden[hidden < documents.size], documents)
+    hidden_docs = hidden_docs[hidden_docs >= 0]
+    visible = n - hidden_docs.size
     out = []
     for ids, weights in postings:
-        df = ids.size
-        df_visible = df - int(np.count_nonzero(np.isin(ids, hidden, assume_unique=True)))
-        factor = idf_of(visible, df_visible) / idf_of(total, df)
+        docs = _documents_of(ids, documents)
+        df = docs.size
+        df_visible = df - int(np.count_nonzero(np.isin(docs, hidden_docs, assume_unique=True)))
+        factor = idf_of(visible, df_visible) / idf_of(n, df)
         out.append((ids, weights * np.float32(factor)))
     return out
+
+
+def document_map(conn: sqlite3.Connection, cache: dict | None = None) -> np.ndarray | None:
+    """``documents[chunk row id]`` = document ordinal, or None for a file without the map."""
+    key = ("document map",)  # never a term: terms are strings
+    if cache is not None and key in cache:
+        return cache[key]
+    row = conn.execute(
+        "SELECT chunk_ids FROM bm25_postings WHERE term_id = ?", (DOCUMENT_MAP_ID,)
+    ).fetchone()
+    documents = None if row is None else np.frombuffer(row[0], dtype=np.int32)
+    if cache is not None:
+        cache[key] = documents
+    return documents
 
 
 def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B) -> None:
     """Recompute every posting weight from ``bm25_chunk_terms`` (vectorised)."""
     rows = conn.execute(
-        "SELECT id, length, term_ids, term_freqs FROM bm25_chunk_terms ORDER BY id"
+        "SELECT t.id, t.length, t.term_ids, t.term_freqs, c.document_id FROM bm25_chunk_terms t "
+        "JOIN chunks c ON c.id = t.id ORDER BY t.id"
     ).fetchall()
     conn.execute("DELETE FROM bm25_postings")
     if not rows:
@@ -135,16 +185,29 @@ def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B) -> 
     term_ids = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.int32)
     freqs = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.int32).astype(np.float64)
     per_chunk = np.fromiter((len(r[2]) // 4 for r in rows), dtype=np.int64, count=len(rows))
-    n = len(rows)
+    # Documents numbered in chunk row order (a document's chunks are written together).
+    ordinal: dict[str, int] = {}
+    doc_of_chunk = np.fromiter(
+        (ordinal.setdefault(r[4], len(ordinal)) for r in rows), dtype=np.int64, count=len(rows)
+    )
     avgdl = max(lengths.mean(), 1e-9)
     vocab_size = int(term_ids.max()) + 1 if term_ids.size else 0
-    df = np.bincount(term_ids, minlength=vocab_size)
-    idf = idf_of(n, df)
+    order = np.argsort(term_ids, kind="stable")
+    sorted_terms = term_ids[order]
+    owner_doc = np.repeat(doc_of_chunk, per_chunk)[order]
+    # Document frequency: (term, document) pairs. Within a term the postings follow row
+    # order, so when ordinals rise with row ids a document's postings are adjacent.
+    if np.all(np.diff(doc_of_chunk) >= 0):
+        first = np.ones(sorted_terms.size, dtype=bool)
+        first[1:] = (sorted_terms[1:] != sorted_terms[:-1]) | (owner_doc[1:] != owner_doc[:-1])
+        df = np.bincount(sorted_terms[first], minlength=vocab_size)
+    else:
+        pairs = np.unique(sorted_terms.astype(np.int64) * len(ordinal) + owner_doc)
+        df = np.bincount(pairs // len(ordinal), minlength=vocab_size)
+    idf = idf_of(len(ordinal), df)
     dl = np.repeat(lengths, per_chunk)
     weights = idf[term_ids] * freqs * (k1 + 1) / (freqs + k1 * (1 - b + b * dl / avgdl))
     owner = np.repeat(chunk_ids, per_chunk)
-    order = np.argsort(term_ids, kind="stable")
-    sorted_terms = term_ids[order]
     owner = owner[order].astype(np.int32)
     weights = weights[order].astype(np.float32)
     present = np.flatnonzero(df)
@@ -161,6 +224,12 @@ def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B) -> 
     conn.execute(
         "INSERT INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, x'')",
         (TIE_ORDER_ID, np.asarray(tie_order, dtype=np.int32).tobytes()),
+    )
+    documents = np.full(int(chunk_ids[-1]) + 1, -1, dtype=np.int32)
+    documents[chunk_ids] = doc_of_chunk
+    conn.execute(
+        "INSERT INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, x'')",
+        (DOCUMENT_MAP_ID, documents.tobytes()),
     )
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS _df(term_id INTEGER PRIMARY KEY, n INTEGER)")
     conn.execute("DELETE FROM _df")
@@ -187,6 +256,19 @@ def tie_ranks(conn: sqlite3.Connection) -> np.ndarray | None:
     return ranks
 
 
+def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
+    """``{term: (chunk row ids, weights) or None}`` read from the postings."""
+    found = dict.fromkeys(terms)
+    marks = ",".join("?" * len(terms))
+    for term, ids, weights in conn.execute(
+        "SELECT v.term, p.chunk_ids, p.weights FROM bm25_vocab v JOIN bm25_postings p "
+        f"ON p.term_id = v.term_id WHERE v.term IN ({marks})",
+        terms,
+    ):
+        found[term] = (np.frombuffer(ids, dtype=np.int32), np.frombuffer(weights, dtype=np.float32))
+    return found
+
+
 def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
           hidden: np.ndarray | None = None, total: int | None = None):
     """Return ``(chunk row ids, scores)`` of every chunk matching any query term.
@@ -194,39 +276,38 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
     ``hidden`` (sorted chunk row ids a reader may not see) and ``total`` (chunks in the
     collection) compute IDF over the rest; see :func:`without_hidden`.
     """
-    terms = sorted(set(tokenize(query)))
+    tokens = tokenize(query)
+    terms = sorted(set(tokens))
     if not terms:
         return np.empty(0, np.int64), np.empty(0, np.float32)
-    postings = []
-    missing = terms
-    if cache is not None:
+    # A word the query repeats counts as often as it is repeated (as in Lucene and bm25s):
+    # in a long, natural-language query the repeated words carry the topic.
+    counts = Counter(tokens) if len(terms) < len(tokens) else None
+    if cache is None:
+        resolved = _fetch(conn, terms)
+    else:
         missing = [t for t in terms if t not in cache]
-    if missing:
-        marks = ",".join("?" * len(missing))
-        found = {t: None for t in missing}
-        for term, ids, weights in conn.execute(
-            "SELECT v.term, p.chunk_ids, p.weights FROM bm25_vocab v JOIN bm25_postings p "
-            f"ON p.term_id = v.term_id WHERE v.term IN ({marks})",
-            missing,
-        ):
-            found[term] = (np.frombuffer(ids, dtype=np.int32), np.frombuffer(weights, dtype=np.float32))
-        if cache is not None:
+        if missing:
+            found = _fetch(conn, missing)
             if len(cache) > POSTINGS_CACHE_TERMS:
+                kept = {t: cache[t] for t in terms if t in cache}
                 cache.clear()
+                cache.update(kept)
             cache.update(found)
-        else:
-            postings = [p for p in found.values() if p is not None]
-    if cache is not None:
-        postings = [cache[t] for t in terms if cache[t] is not None]
+        resolved = cache
+    present = [t for t in terms if resolved[t] is not None]
+    postings = [resolved[t] for t in present]
+    repeats = [counts[t] for t in present] if counts else [1] * len(present)
     if not postings:
         return np.empty(0, np.int64), np.empty(0, np.float32)
     if hidden is not None and hidden.size and total:
-        postings = without_hidden(postings, hidden, total)
+        postings = without_hidden(postings, hidden, total, document_map(conn, cache))
     if len(postings) == 1:
-        return postings[0][0].astype(np.int64), postings[0][1].copy()
+        ids, weights = postings[0]
+        return ids.astype(np.int64), weights * np.float32(repeats[0]) if counts else weights.copy()
     top = max(int(ids[-1]) for ids, _ in postings if ids.size) + 1
     acc = np.zeros(top, dtype=np.float32)
-    for ids, weights in postings:
-        acc[ids] += weights
+    for (ids, weights), n in zip(postings, repeats):
+        acc[ids] += weights if n == 1 else weights * np.float32(n)
     hit = np.flatnonzero(acc)
     return hit.astype(np.int64), acc[hit]

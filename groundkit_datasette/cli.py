@@ -480,7 +480,7 @@ def serve_command(targets, index_dir, host, port, open_browser, base_dir, metada
 
 
 @cli.command("eval")
-@click.argument("dataset_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("dataset_dirs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--collection", "-c", help="Collection to build or reuse. Default: from the data set directory's name.")
 @click.option("--index-dir", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Directory for the collection and its <name>-sources/ files.")
@@ -495,15 +495,28 @@ def serve_command(targets, index_dir, host, port, open_browser, base_dir, metada
 @click.option("--runs-db", type=click.Path(dir_okay=False),
               help="SQLite file the runs are appended to. Default: <index-dir>/groundkit-eval.sqlite3.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def eval_command(dataset_dir, collection, index_dir, modes, rerank, reranker, reranker_option, depth,
+def eval_command(dataset_dirs, collection, index_dir, modes, rerank, reranker, reranker_option, depth,
                  embedder, runs_db, as_json):
-    """Score retrieval on a BEIR-layout data set: nDCG@10, Recall@10/100, MRR@10, latency."""
-    from .evaluate import evaluate, format_table
+    """Score retrieval on BEIR-layout data sets: nDCG@10, Recall@10/100, MRR@10, latency.
+
+    Several data set directories are evaluated in turn (``groundkit eval data/*``) and
+    their runs share one batch id in the runs database.
+    """
+    import os
+
+    from .evaluate import evaluate_many, format_summary, format_table
 
     mode_list = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
+    # A shell glob (data/*) also names files such as a README: those are passed over.
+    files = [d for d in dataset_dirs if not os.path.isdir(d)]
+    dataset_dirs = [d for d in dataset_dirs if os.path.isdir(d)]
+    if not dataset_dirs:
+        raise click.BadParameter("give at least one data set directory", param_hint="DATASET_DIRS")
+    for name in files:
+        click.echo(f"skipping {os.path.basename(name)}: not a directory", err=True)
     try:
-        report = evaluate(
-            dataset_dir,
+        reports, errors = evaluate_many(
+            dataset_dirs,
             collection=collection,
             index_dir=index_dir,
             modes=mode_list,
@@ -518,10 +531,14 @@ def eval_command(dataset_dir, collection, index_dir, modes, rerank, reranker, re
     except GroundkitError as error:
         _fail(error)
     if as_json:
-        click.echo(json.dumps(report.as_dict(), indent=2))
+        out = [r.as_dict() for r in reports]
+        click.echo(json.dumps(out[0] if len(dataset_dirs) == 1 else
+                              {"reports": out, "errors": errors}, indent=2))
     else:
-        click.echo(format_table(report))
-    if report.failures:
+        click.echo("\n\n".join(format_table(r) for r in reports))
+        if len(dataset_dirs) > 1:
+            click.echo("\n" + format_summary(reports, errors))
+    if errors or any(r.failures for r in reports):
         sys.exit(1)
 
 

@@ -97,15 +97,31 @@ def load_dataset(path: str | Path) -> Dataset:
     return Dataset(root.resolve().name, root, queries, qrels, corpus)
 
 
-def safe_file_name(doc_id: str) -> str:
+def safe_file_name(doc_id: str, suffix: str = ".txt") -> str:
     """A portable file name for a corpus id; altered ids get a hash suffix so they stay unique."""
     safe = _SAFE.sub("_", doc_id)[:100].lstrip(".") or "doc"
     if safe != doc_id:
         safe += "-" + hashlib.sha256(doc_id.encode("utf-8")).hexdigest()[:10]
-    return safe + ".txt"
+    return safe + suffix
+
+
+def document_file(doc: dict) -> tuple[str, str]:
+    """``(file name, text)`` of a corpus document.
+
+    A titled document is written as Markdown with its title as the level-1 heading, so
+    ingest knows it as the title: every chunk carries its heading path (here, the title)
+    into BM25 and the embedder, as for any titled Markdown file. Untitled documents are
+    plain text. See adr/0011-quality-bm25.md.
+    """
+    title = " ".join((doc.get("title") or "").split())
+    text = doc.get("text") or ""
+    if title:
+        return safe_file_name(str(doc["_id"]), ".md"), f"# {title}\n\n{text}"
+    return safe_file_name(str(doc["_id"])), text
 
 
 def document_text(doc: dict) -> str:
+    """The text the corpus gives for a document: its title (if any), a blank line, its text."""
     title = (doc.get("title") or "").strip()
     text = doc.get("text") or ""
     return f"{title}\n\n{text}" if title else text
@@ -123,13 +139,15 @@ def write_sources(corpus: Iterable[dict], directory: Path) -> SourceSync:
     """One ``.txt`` per document; identical files are left alone so ingest sees no change."""
     directory.mkdir(parents=True, exist_ok=True)
     sync = SourceSync()
+    seen: set[str] = set()
     for doc in corpus:
         doc_id = str(doc["_id"])
-        name = safe_file_name(doc_id)
-        if name in sync.id_of_source:
+        name, text = document_file(doc)
+        if name in sync.id_of_source or doc_id in seen:
             raise InvalidRequest(f"corpus document id {doc_id!r} appears twice")
+        seen.add(doc_id)
         sync.id_of_source[name] = doc_id
-        data = document_text(doc).encode("utf-8")
+        data = text.encode("utf-8")
         target = directory / name
         try:
             if target.read_bytes() == data:
@@ -140,7 +158,7 @@ def write_sources(corpus: Iterable[dict], directory: Path) -> SourceSync:
         target.write_bytes(data)
         sync.written += 1
     # Files this command wrote for documents no longer in the corpus.
-    for stale in directory.glob("*.txt"):
+    for stale in [*directory.glob("*.txt"), *directory.glob("*.md")]:
         if stale.name not in sync.id_of_source:
             stale.unlink()
             sync.removed += 1
@@ -278,6 +296,10 @@ class EvalReport:
     results: list[ModeResult]
     failures: dict[str, str] = field(default_factory=dict)
     run_ids: list[int] = field(default_factory=list)
+    # What the figures depend on: the collection's chunker and BM25 record, embedder, depth.
+    settings: dict = field(default_factory=dict)
+    # Shared by every data set of one ``groundkit eval`` command.
+    batch: str | None = None
 
     def as_dict(self, per_query: bool = False) -> dict:
         out = {k: v for k, v in asdict(self).items() if k != "results"}
@@ -316,6 +338,7 @@ def evaluate(
     runs_db: str | Path | None = None,
     progress=None,
     log=lambda message: None,
+    batch: str | None = None,
 ) -> EvalReport:
     """Build (or reuse) the collection for ``dataset_dir`` and score every mode on its judged queries."""
     from .collection import Collection
@@ -374,12 +397,81 @@ def evaluate(
             chunks=len(doc_of_chunk), reused=not ingest_report.published,
             ingest_seconds=round(ingest_seconds, 3), embedder=col.manifest.get("embedder") or "none",
             depth=depth, started_at=started_at, results=results, failures=failures,
+            settings=run_settings(col.manifest, depth, rerank, reranker), batch=batch,
         )
     finally:
         col.close()
     db = Path(runs_db) if runs_db is not None else index_dir / RUNS_DB
     report.run_ids = store_runs(db, report, reranker_name=getattr(reranker, "model_name", None))
     return report
+
+
+def run_settings(manifest: dict, depth: int, rerank: bool, reranker) -> dict:
+    """The settings a run's figures depend on, as recorded in the runs database."""
+    def parsed(key):
+        try:
+            return json.loads(manifest[key])
+        except (KeyError, TypeError, ValueError):
+            return manifest.get(key)
+
+    return {
+        "chunker": parsed("chunker"),
+        "bm25": parsed("bm25"),
+        "embedder": manifest.get("embedder") or "none",
+        "embedding_model": manifest.get("embedding_model"),
+        "depth": depth,
+        "rerank": bool(rerank),
+        "reranker": getattr(reranker, "model_name", None) if rerank else None,
+    }
+
+
+def evaluate_many(dataset_dirs: Iterable[str | Path], *, collection: str | None = None, log=lambda m: None,
+                  **options) -> tuple[list[EvalReport], dict[str, str]]:
+    """:func:`evaluate` each data set in turn; one batch id ties their runs together.
+
+    Returns the reports and, per data set directory, the error that stopped it (the
+    others still run; a single data set's error is raised). ``collection`` names the
+    collection of a single data set only.
+    """
+    dirs = list(dict.fromkeys(str(d) for d in dataset_dirs))
+    if collection is not None and len(dirs) > 1:
+        raise InvalidRequest("--collection names one collection; give one data set with it")
+    names = [Path(d).resolve().name for d in dirs]
+    if len(set(names)) != len(names):
+        raise InvalidRequest("two data set directories have the same name; evaluate them separately")
+    batch = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + \
+        hashlib.sha256(repr((dirs, time.time_ns())).encode()).hexdigest()[:8]
+    from .errors import GroundkitError
+
+    if len(dirs) == 1:  # a single data set's error is the command's error
+        return [evaluate(dirs[0], collection=collection, log=log, batch=batch, **options)], {}
+    reports, errors = [], {}
+    for d in dirs:
+        if len(dirs) > 1:
+            log(f"== {Path(d).name}")
+        try:
+            reports.append(evaluate(d, collection=collection, log=log, batch=batch, **options))
+        except GroundkitError as exc:
+            errors[d] = str(exc)
+            log(f"{Path(d).name}: {exc}")
+    return reports, errors
+
+
+def format_summary(reports: list[EvalReport], errors: dict[str, str] | None = None) -> str:
+    """One line per data set and mode: the side-by-side view of a multi-data-set run."""
+    lines = [f"{'data set':<18}{'mode':<14}{'nDCG@10':>9}{'R@100':>9}{'MRR@10':>9}{'p50 ms':>9}"]
+    for report in reports:
+        for r in report.results:
+            label = r.mode + (" +rerank" if r.rerank else "")
+            lines.append(f"{report.dataset:<18}{label:<14}{r.ndcg_at_10:>9.4f}{r.recall_at_100:>9.4f}"
+                         f"{r.mrr_at_10:>9.4f}{r.latency_p50_ms:>9.2f}")
+        for mode in report.failures:
+            lines.append(f"{report.dataset:<18}{mode:<14}{'failed':>9}")
+    for d, error in (errors or {}).items():
+        lines.append(f"{Path(d).name:<18}{'-':<14}failed: {error}")
+    if reports and reports[0].batch:
+        lines.append(f"batch {reports[0].batch}")
+    return "\n".join(lines)
 
 
 def _run_mode(col, dataset, judged, mode, rerank, depth, doc_of_chunk, log) -> ModeResult:
@@ -451,7 +543,9 @@ CREATE TABLE IF NOT EXISTS runs (
     top10_mismatches INTEGER NOT NULL,
     ingest_seconds REAL NOT NULL,
     reused INTEGER NOT NULL,
-    groundkit_version TEXT
+    groundkit_version TEXT,
+    settings TEXT,
+    batch TEXT
 );
 CREATE TABLE IF NOT EXISTS query_results (
     run_id INTEGER NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE,
@@ -477,6 +571,11 @@ def store_runs(path: Path, report: EvalReport, reranker_name: str | None = None)
     conn = sqlite3.connect(path)
     try:
         conn.executescript(_RUNS_DDL)
+        # A runs file from before the settings were recorded gains the columns.
+        have = {row[1] for row in conn.execute("PRAGMA table_info(runs)")}
+        for column in ("settings", "batch"):
+            if column not in have:
+                conn.execute(f"ALTER TABLE runs ADD COLUMN {column} TEXT")
         ids = []
         with conn:
             for r in report.results:
@@ -484,15 +583,17 @@ def store_runs(path: Path, report: EvalReport, reranker_name: str | None = None)
                     """INSERT INTO runs(started_at, dataset, dataset_dir, collection, generation,
                            documents, chunks, embedder, mode, rerank, reranker, depth, queries,
                            ndcg_at_10, recall_at_10, recall_at_100, mrr_at_10, latency_p50_ms,
-                           latency_p95_ms, top10_mismatches, ingest_seconds, reused, groundkit_version)
-                       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                           latency_p95_ms, top10_mismatches, ingest_seconds, reused, groundkit_version,
+                           settings, batch)
+                       VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
                     (
                         report.started_at, report.dataset, report.dataset_dir, report.collection,
                         report.generation, report.documents, report.chunks, report.embedder, r.mode,
                         int(r.rerank), reranker_name if r.rerank else None, report.depth, r.queries,
                         r.ndcg_at_10, r.recall_at_10, r.recall_at_100, r.mrr_at_10, r.latency_p50_ms,
                         r.latency_p95_ms, r.top10_mismatches, report.ingest_seconds,
-                        int(report.reused), __version__,
+                        int(report.reused), __version__, json.dumps(report.settings, sort_keys=True),
+                        report.batch,
                     ),
                 )
                 run_id = cur.lastrowid

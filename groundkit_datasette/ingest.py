@@ -605,7 +605,9 @@ class Indexer:
             # A first run that wrote no document (every file failed or was skipped) publishes
             # nothing: an empty generation 1 would look like a collection that worked.
             return False, vectors
-        if changed or rechunk or manifest.get("chunker") is None:
+        # New BM25 settings (k1, b, IDF unit) re-weigh the postings of an unchanged corpus.
+        rescore = manifest.get("bm25") != json.dumps(bm25.settings())
+        if changed or rechunk or rescore or manifest.get("chunker") is None:
             changed = True
             self._write_manifest(conn, manifest, embedder, chunker, generation, base)
         report.generation = generation if changed else int(manifest.get("generation", "0"))
@@ -752,7 +754,7 @@ class Indexer:
             "generation": str(generation),
             "chunker": chunker,
             "base_dir": os.path.relpath(base, self.index_dir.resolve()),
-            "bm25": json.dumps({"k1": bm25.K1, "b": bm25.B}),
+            "bm25": json.dumps(bm25.settings()),
         }
         # Sticky: once any version had an access list, every later one says so, so a publish
         # that drops the last list cannot open Datasette's raw views mid-flight (adr/0011).

@@ -134,14 +134,15 @@ def test_eval_builds_a_real_collection_reuses_it_and_stores_runs(tmp_path):
     assert bm25.mrr_at_10 == 1.0 and bm25.recall_at_100 == 1.0
 
     sources = index / "tiny-sources"
-    assert (sources / "solar.txt").read_text() == "Solar panels\n\nPhotovoltaic cells turn sunlight into electricity."
+    # A titled document is Markdown with its title as the heading; an untitled one plain text.
+    assert (sources / "solar.md").read_text() == "# Solar panels\n\nPhotovoltaic cells turn sunlight into electricity."
     assert (sources / "hydro.txt").read_text() == CORPUS[2]["text"]
     mtimes = {p.name: p.stat().st_mtime_ns for p in sources.iterdir()}
 
     # Eval collections are real collections: their citations verify.
     with Collection.open("tiny", index_dir=index) as col:
         hit = col.search(query="honey bees", mode="bm25").hits[0]
-        assert hit.source == "bees.txt"
+        assert hit.source == "bees.md"
         assert col.fetch_chunk(hit.chunk_id).verification.status == "verified"
         generation = col.generation
 
@@ -170,7 +171,7 @@ def test_eval_picks_up_a_changed_corpus(tmp_path):
     second = evaluate(tmp_path / "tiny2", collection="tiny", index_dir=index)
     assert not second.reused and second.generation == first.generation + 1
     names = sorted(p.name for p in (index / "tiny-sources").iterdir())
-    assert "wind.txt" not in names and "tide.txt" in names
+    assert "wind.md" not in names and "tide.txt" in names
 
 
 def test_eval_cli_json_with_every_mode(tmp_path):
@@ -197,3 +198,75 @@ def test_eval_refuses_bad_options(tmp_path):
         evaluate(data, index_dir=tmp_path / "i", embedder="none", modes=["dense"])
     result = CliRunner().invoke(cli, ["eval", str(data), "--index-dir", str(tmp_path / "i"), "--rerank"])
     assert result.exit_code != 0 and "reranker" in result.output
+
+
+def test_a_documents_title_reaches_every_chunk(tmp_path):
+    """A corpus title is the document's title for ingest: each chunk is found by it."""
+    body = "\n\n".join(f"Paragraph {i} about aerofoil pressure measurements in the tunnel. " * 6 for i in range(8))
+    data = _write_dataset(tmp_path / "long", [{"_id": "w1", "title": "Supersonic wing flutter", "text": body},
+                                              *CORPUS])
+    index = tmp_path / "index"
+    evaluate(data, index_dir=index, embedder="none")
+    with Collection.open("long", index_dir=index) as col:
+        chunks = col.query("SELECT c.chunk_id FROM chunks c JOIN documents d USING (document_id) "
+                           "WHERE d.source = 'w1.md'")
+        assert len(chunks) >= 3
+        hits = col.search(query="flutter", mode="bm25", top_k=20).hits
+        assert {h.chunk_id for h in hits} == {c[0] for c in chunks}
+
+
+def test_eval_takes_several_data_sets_in_one_command_and_records_settings(tmp_path):
+    """``groundkit eval data/*``: every data set is scored, printed and stored in one batch."""
+    from groundkit_datasette import bm25
+
+    first = _write_dataset(tmp_path / "data" / "tiny")
+    second = _write_dataset(tmp_path / "data" / "other", CORPUS[:4])
+    (tmp_path / "data" / "README.md").write_text("What the data sets are.\n")
+    index, runs = tmp_path / "index", tmp_path / "runs.db"
+    # As a shell expands data/*: the README is passed over.
+    result = CliRunner().invoke(cli, ["eval", str(first), str(second), str(tmp_path / "data" / "README.md"),
+                                      "--index-dir", str(index), "--embedder", "none", "--runs-db", str(runs)])
+    assert result.exit_code == 0, result.output
+    assert "skipping README.md: not a directory" in result.stderr
+    summary = result.stdout.split("data set", 1)[1].splitlines()
+    assert [line.split()[:2] for line in summary[1:3]] == [["tiny", "bm25"], ["other", "bm25"]]
+    rows = sqlite3.connect(runs).execute("SELECT dataset, settings, batch FROM runs ORDER BY run_id").fetchall()
+    assert [r[0] for r in rows] == ["tiny", "other"]
+    assert rows[0][2] and rows[0][2] == rows[1][2]
+    for _dataset, settings, _batch in rows:
+        recorded = json.loads(settings)
+        assert recorded["bm25"] == bm25.settings()
+        assert recorded["chunker"] == {"chunk_size": 1000, "chunk_overlap": 100}
+        assert recorded["embedder"] == "none" and recorded["depth"] == 100
+    # The JSON form holds every report.
+    again = CliRunner().invoke(cli, ["eval", str(first), str(second), "--index-dir", str(index),
+                                     "--runs-db", str(runs), "--json"])
+    assert [r["dataset"] for r in json.loads(again.stdout)["reports"]] == ["tiny", "other"]
+    # One --collection cannot name two collections.
+    refused = CliRunner().invoke(cli, ["eval", str(first), str(second), "--collection", "x",
+                                       "--index-dir", str(index)])
+    assert refused.exit_code == 2 and "one data set" in refused.output
+
+
+def test_eval_carries_on_past_a_broken_data_set(tmp_path):
+    good = _write_dataset(tmp_path / "data" / "tiny")
+    broken = tmp_path / "data" / "broken"
+    broken.mkdir()
+    result = CliRunner().invoke(cli, ["eval", str(broken), str(good), "--index-dir", str(tmp_path / "i"),
+                                      "--embedder", "none"])
+    assert result.exit_code == 1
+    assert "tiny" in result.stdout and "broken" in result.stdout and "corpus.jsonl" in result.stdout
+    assert "Traceback" not in result.output
+
+
+def test_an_older_runs_file_gains_the_settings_columns(tmp_path):
+    data, index = _write_dataset(tmp_path / "tiny"), tmp_path / "index"
+    evaluate(data, index_dir=index, embedder="none")
+    db = sqlite3.connect(index / "groundkit-eval.sqlite3")
+    with db:
+        db.execute("ALTER TABLE runs DROP COLUMN settings")
+        db.execute("ALTER TABLE runs DROP COLUMN batch")
+    db.close()
+    evaluate(data, index_dir=index)
+    rows = sqlite3.connect(index / "groundkit-eval.sqlite3").execute("SELECT settings FROM runs").fetchall()
+    assert rows[0] == (None,) and json.loads(rows[1][0])["depth"] == 100
