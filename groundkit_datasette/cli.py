@@ -189,7 +189,7 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
 
 
 def _watch(indexer, paths, debounce: int, as_json: bool) -> None:
-    from .watch import watch
+    from .collection.watch import watch
 
     def as_json_line(number, changes, report):
         click.echo(json.dumps({"batch": number, "changes": changes, **report.as_dict()}))

@@ -181,7 +181,7 @@ def test_a_burst_of_2000_files_ends_consistent(tmp_path, watcher_factory):
         assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] == 1001
     finally:
         conn.close()
-    from groundkit_datasette.collection import Collection
+    from groundkit_datasette.retrieval.collection import Collection
 
     with Collection.open("docs", index_dir=w.index) as col:
         assert [h.source for h in col.search(query="token1999x", mode="bm25").hits] == [

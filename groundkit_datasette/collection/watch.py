@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from .errors import GroundkitError
+from ..errors import GroundkitError
 from .ingest import Indexer, IngestReport
 
 __all__ = ["DEFAULT_DEBOUNCE_MS", "watch"]
