@@ -49,6 +49,9 @@ def make_pptx(path: Path) -> Path:
         slide.placeholders[1].text = body
     box = deck.slides[2].shapes.add_textbox(Inches(1), Inches(5), Inches(4), Inches(1))
     box.text_frame.text = "Second box on slide three"
+    group = deck.slides[2].shapes.add_group_shape()
+    group.shapes.add_textbox(Inches(1), Inches(6), Inches(4), Inches(1)).text_frame.text = (
+        "Grouped caption about yaw")
     deck.slides[2].notes_slide.notes_text_frame.text = "Speaker notes mention bearings"
     deck.save(path)
     return path
@@ -73,11 +76,27 @@ def make_xlsx(path: Path) -> Path:
 
 def make_odt(path: Path) -> Path:
     from odf.opendocument import OpenDocumentText
-    from odf.text import H, P
+    from odf.table import Table, TableCell, TableColumn, TableRow
+    from odf.text import H, List, ListItem, P
 
     document = OpenDocumentText()
     document.text.addElement(H(outlinelevel=1, text="Field notes"))
     document.text.addElement(P(text="Nothing to see in the first section."))
+    items = List()
+    for word in ("crampons", "ice axe"):
+        item = ListItem()
+        item.addElement(P(text=word))
+        items.addElement(item)
+    document.text.addElement(items)
+    table = Table(name="Kit")
+    table.addElement(TableColumn(numbercolumnsrepeated=2))
+    row = TableRow()
+    for word in ("rope", "40 m"):
+        cell = TableCell()
+        cell.addElement(P(text=word))
+        row.addElement(cell)
+    table.addElement(row)
+    document.text.addElement(table)
     document.text.addElement(H(outlinelevel=2, text="Glaciers"))
     document.text.addElement(P(text="Moraine deposits mark where the glacier once ended."))
     document.save(str(path))
@@ -241,6 +260,9 @@ def test_extraction_is_deterministic_and_structured(formats_corpus):
     assert "# Slide 1\n\n## Agenda" in pptx_text
     assert "Second box on slide three" in pptx_text
     assert "Notes: Speaker notes mention bearings" in pptx_text
+    assert "Grouped caption about yaw" in pptx_text  # text inside a group shape
+    odt_text = extract_file(formats_corpus / "notes.odt").text
+    assert "crampons\n\nice axe" in odt_text and "rope | 40 m" in odt_text
     assert extract_file(formats_corpus / "book.epub").title == "A small book"
 
 

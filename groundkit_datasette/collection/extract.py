@@ -732,7 +732,9 @@ def _read_pptx(data: bytes, archive) -> tuple[_Outline, str | None]:
 
 
 def _pptx_shape(shape, out: _Outline) -> None:
-    if getattr(shape, "shape_type", None) is not None and hasattr(shape, "shapes"):
+    from pptx.shapes.group import GroupShape
+
+    if isinstance(shape, GroupShape):
         for inner in shape.shapes:  # a group: its shapes in document order
             _pptx_shape(inner, out)
         return
