@@ -53,8 +53,8 @@ def watch(
 ) -> int:
     """Ingest ``paths`` now and again after every batch of changes, until SIGINT or SIGTERM.
 
-    ``on_batch(number, changes, report)`` is told about every batch (0 is the first ingest);
-    by default a progress line goes to ``echo``. Returns the number of batches run. Errors
+    ``on_batch(number, changes, report)`` is told about the first ingest (number 0) and every
+    batch that had events or published; by default a progress line goes to ``echo``. Returns the number of batches run. Errors
     from the first ingest (a bad path, a busy collection) propagate: nothing is watched.
     """
     import watchfiles
@@ -93,7 +93,8 @@ def watch(
             return False
         finally:
             state["in_batch"] = False
-        on_batch(number, changes, report)
+        if changes or report.published or report.failed:
+            on_batch(number, changes, report)  # a quiet re-check that found nothing says nothing
         return True
 
     previous = {signal.SIGINT: signal.signal(signal.SIGINT, handle),
@@ -107,18 +108,16 @@ def watch(
             state["in_batch"] = False
         on_batch(0, 0, report)
         batches = 1
-        pending = False
+        # Changes made while a batch walked the tree, before the watcher (re)started, raise no
+        # event: each start of the watcher is followed by one more batch on its first wake.
+        pending = True
         present = _present(roots)
         echo(f"watching {len(present)} path(s) for changes (debounce {debounce_ms} ms); "
              "Ctrl-C to stop")
         while not stop.is_set():
             if not present:  # nothing to watch until a path comes back
                 stop.wait(WAKE_MS / 1000)
-                now = _present(roots)
-                if now and not stop.is_set():
-                    pending = not run_batch(batches, 0)
-                    batches += 1
-                    present = now
+                present = _present(roots)  # a path came back: the watcher's first wake ingests
                 continue
             try:
                 for changes in watchfiles.watch(
@@ -136,6 +135,7 @@ def watch(
                         for gone in sorted(set(present) - set(now)):
                             echo(f"gone: {gone} (its documents are removed)")
                         present = now
+                        pending = True
                         break  # watch the paths that exist now
             except OSError as exc:  # a path vanished as the watcher started on it
                 log.info("watcher restarted: %s", exc)
