@@ -8,14 +8,14 @@ Text that is not UTF-8 is decoded by a fixed rule, not guessed by a
 detector: a BOM (UTF-8 or UTF-16), else UTF-8, else Windows-1252, else
 Latin-1 (which decodes any bytes). The encoding used is returned with the
 text and recorded per document, and verification decodes with the
-recorded one (adr/0011-cli-text-encodings.md).
+recorded one (adr/0012-text-encodings.md).
 
 Office and e-book files (.docx, .pptx, .xlsx, .odt, .epub) become Markdown-shaped
 text: their headings, slides (``# Slide 3``) and sheets (``# Sheet "Q3"``) become ATX
 headings, so the chunker's heading paths name where a citation is, and a body line that
 would read as Markdown structure is escaped with a backslash. Each of these extractors
 records its own version and the library's, so a citation is only checked by the same
-code (adr/0014-formats-office-and-ebook-text.md).
+code (adr/0020-formats-office-and-ebook-text.md).
 """
 
 from __future__ import annotations

@@ -111,7 +111,7 @@ def document_file(doc: dict) -> tuple[str, str]:
     A titled document is written as Markdown with its title as the level-1 heading, so
     ingest knows it as the title: every chunk carries its heading path (here, the title)
     into BM25 and the embedder, as for any titled Markdown file. Untitled documents are
-    plain text. See adr/0011-quality-bm25.md.
+    plain text. See adr/0018-bm25-over-chunks.md.
     """
     title = " ".join((doc.get("title") or "").split())
     text = doc.get("text") or ""
@@ -475,7 +475,7 @@ def format_summary(reports: list[EvalReport], errors: dict[str, str] | None = No
 
 
 def _run_mode(col, dataset, judged, mode, rerank, depth, doc_of_chunk, log) -> ModeResult:
-    from .search import _query_vector
+    from .rankers import query_vector as _query_vector
 
     per_query, latencies, mismatches = [], [], 0
     # One untimed query first: loads the embedder and warms the vector table.
