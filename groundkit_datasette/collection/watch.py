@@ -116,8 +116,12 @@ def watch(
              "Ctrl-C to stop")
         while not stop.is_set():
             if not present:  # nothing to watch until a path comes back
+                if pending:  # the documents of the paths that went
+                    pending = not run_batch(batches, 0)
+                    batches += 1
                 stop.wait(WAKE_MS / 1000)
                 present = _present(roots)  # a path came back: the watcher's first wake ingests
+                pending = pending or bool(present)
                 continue
             try:
                 for changes in watchfiles.watch(
@@ -128,18 +132,21 @@ def watch(
                     if stop.is_set():
                         break
                     now = _present(roots)
+                    for gone in sorted(set(present) - set(now)):
+                        echo(f"gone: {gone} (its documents are removed)")
                     if changes or pending or now != present:
                         pending = not run_batch(batches, len(changes))
                         batches += 1
                     if now != present:
-                        for gone in sorted(set(present) - set(now)):
-                            echo(f"gone: {gone} (its documents are removed)")
                         present = now
                         pending = True
                         break  # watch the paths that exist now
-            except OSError as exc:  # a path vanished as the watcher started on it
+            except OSError as exc:  # a watched path vanished under the watcher
                 log.info("watcher restarted: %s", exc)
-                present = _present(roots)
+                now = _present(roots)
+                for gone in sorted(set(present) - set(now)):
+                    echo(f"gone: {gone} (its documents are removed)")
+                present = now
                 pending = True
     except (_Stop, KeyboardInterrupt):
         pass
