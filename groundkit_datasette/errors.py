@@ -83,3 +83,9 @@ class CollectionBusy(GroundkitError):
 
 class IngestError(GroundkitError):
     kind = "ingest_error"
+
+
+class TooManyDocuments(GroundkitError):
+    """A call would re-read more documents than its bound allows (verify_quote)."""
+
+    kind = "too_many_documents"
