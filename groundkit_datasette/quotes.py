@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import json
 import unicodedata
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints, field_validator
 
 from .citations import SourceUnavailable, current_source, line_of
 from .errors import TooManyDocuments
@@ -53,10 +53,14 @@ class Quote(Request):
                     "glob if it has * ? or [. Only matching documents are searched.")
 
 
+QuoteText = Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUOTE_CHARS)]
+
+
 class VerifyQuoteRequest(Request):
-    quotes: list[Quote] = Field(
+    quotes: list[Quote | QuoteText] = Field(
         min_length=1, max_length=MAX_QUOTES,
-        description=f"1 to {MAX_QUOTES} quotes, each optionally attributed to a chunk or source.")
+        description=f"1 to {MAX_QUOTES} quotes, each a string or an object attributing it to a "
+                    "chunk or source (a GET repeats quotes=, one string each).")
     min_similarity: float = Field(
         default=DEFAULT_MIN_SIMILARITY, ge=0.5, le=1.0,
         description="Lowest similarity (0.5 to 1) an approximate match may have "
@@ -64,6 +68,11 @@ class VerifyQuoteRequest(Request):
     context_chars: int = Field(
         default=DEFAULT_CONTEXT_CHARS, ge=0, le=1000,
         description="Characters of surrounding source text returned on each side (0 to 1000).")
+
+    @field_validator("quotes")
+    @classmethod
+    def _as_objects(cls, v):
+        return [Quote(text=q) if isinstance(q, str) else q for q in v]
 
 
 class QuoteMatch(Response):

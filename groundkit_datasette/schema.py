@@ -38,7 +38,9 @@ CREATE TABLE documents (
     acl TEXT,
     generation INTEGER NOT NULL,
     ingested_at TEXT NOT NULL,
-    encoding TEXT
+    encoding TEXT,
+    source_size INTEGER,
+    source_mtime_ns INTEGER
 );
 
 CREATE TABLE chunks (
@@ -113,6 +115,23 @@ def add_encoding_column(conn: sqlite3.Connection) -> None:
     """Bring an older collection's copy up to date (NULL: chosen by the extractor's rule)."""
     if not has_encoding_column(conn):
         conn.execute("ALTER TABLE documents ADD COLUMN encoding TEXT")
+
+
+STAT_COLUMNS = ("source_size", "source_mtime_ns")
+
+
+def has_stat_columns(conn: sqlite3.Connection) -> bool:
+    """Collections written before stale-hit checks lack the source's recorded size and mtime."""
+    names = {row[1] for row in conn.execute("PRAGMA table_info(documents)")}
+    return set(STAT_COLUMNS) <= names
+
+
+def add_stat_columns(conn: sqlite3.Connection) -> None:
+    """Additive, NULL for existing rows (their hits say ``source_changed: null``)."""
+    names = {row[1] for row in conn.execute("PRAGMA table_info(documents)")}
+    for column in STAT_COLUMNS:
+        if column not in names:
+            conn.execute(f"ALTER TABLE documents ADD COLUMN {column} INTEGER")
 
 
 def suspend_fts_trigger(conn: sqlite3.Connection) -> None:
