@@ -32,7 +32,7 @@ from .errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
 from .extract import Skipped, extract_bytes, page_for_offset
 from .plugins import DEFAULT_EMBEDDER
 from .names import lance_path, sqlite_path, validate_name
-from .schema import (add_encoding_column, add_stat_columns, check_stamp, create_schema, index_new_chunks,
+from .schema import (add_cjk_tables, add_encoding_column, add_stat_columns, check_stamp, create_schema, index_new_chunks,
                      read_manifest, suspend_fts_trigger)
 from .vectors import VectorWriter
 
@@ -409,6 +409,7 @@ class Indexer:
                 check_stamp(conn)
                 add_encoding_column(conn)  # older collections: additive, NULL for their rows
                 add_stat_columns(conn)
+                add_cjk_tables(conn)
             except Exception:
                 conn.close()
                 raise
@@ -482,6 +483,8 @@ class Indexer:
         }
         acls = ACLResolver(base)
         terms = bm25.TermTable(conn)
+        if manifest.get("tokenizer") != bm25.TOKENIZER and terms.has_cjk_terms():
+            rechunk = True  # CJK text was indexed as whole runs: tokenize it again as bigrams
         self._next_row_id = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
         first_new_row = self._next_row_id
         suspend_fts_trigger(conn)
@@ -759,6 +762,12 @@ class Indexer:
                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
             rows,
         )
+        cjk = []
+        for row in rows:
+            if bm25.has_cjk(row[10]) or bm25.has_cjk(row[11]):
+                cjk.append((row[0], row[1], " ".join(bm25.cjk_terms(row[10] + "\n" + row[11]))))
+        if cjk:
+            conn.executemany("INSERT INTO chunks_cjk(id, chunk_id, bigrams) VALUES (?, ?, ?)", cjk)
         chunks = (ch for p in batch for ch in p.chunks)
         conn.executemany(
             "INSERT INTO bm25_chunk_terms(id, length, term_ids, term_freqs) VALUES (?, ?, ?, ?)",
@@ -776,6 +785,7 @@ class Indexer:
             "chunker": chunker,
             "base_dir": os.path.relpath(base, self.index_dir.resolve()),
             "bm25": json.dumps(bm25.settings()),
+            "tokenizer": bm25.TOKENIZER,
         }
         # Sticky: once any version had an access list, every later one says so, so a publish
         # that drops the last list cannot open Datasette's raw views mid-flight (adr/0011).
