@@ -256,13 +256,38 @@ def _find(doc: _Text, quote: str, qnorm: str, anchor, min_similarity: float):
     found = fuzz.partial_ratio_alignment(qnorm, norm, score_cutoff=min_similarity * 100)
     if found is None or found.dest_end <= found.dest_start:
         return None
-    start, end = _back(origin, found.dest_start, found.dest_end)
+    score, a, b = _tighten(qnorm, norm, found.dest_start, found.dest_end)
+    start, end = _back(origin, a, b)
     text = doc.text
     while start < end and text[start].isspace():  # the alignment may take in a line break
         start += 1
     while end > start and text[end - 1].isspace():
         end -= 1
-    return 2, round(found.score / 100, 4), start, end
+    return 2, round(score / 100, 4), start, end
+
+
+def _tighten(qnorm: str, norm: str, start: int, end: int) -> tuple[float, int, int]:
+    """The alignment window moved to word boundaries near its ends where that scores higher.
+
+    rapidfuzz aligns a window as long as the quote, which can take in a neighbouring word's
+    tail; the span reported is the best-scoring one starting and ending at word boundaries
+    within a few words of the window's ends, with its similarity (0..100).
+    """
+    from rapidfuzz import fuzz
+
+    reach = max(4, min(40, len(qnorm) // 4))
+    starts = {start} | {i + 1 for i in range(max(0, start - reach), min(len(norm), start + reach))
+                        if norm[i] == " "}
+    ends = {end} | {i for i in range(max(0, end - reach), min(len(norm), end + reach) + 1)
+                    if i == len(norm) or norm[i] == " "}
+    best = (fuzz.ratio(qnorm, norm[start:end]), start, end)
+    for s in starts:
+        for e in ends:
+            if e - s > 0:
+                score = fuzz.ratio(qnorm, norm[s:e])
+                if score > best[0]:
+                    best = (score, s, e)
+    return best
 
 
 _VERDICTS = {0: "verified", 1: "verified_normalised", 2: "approximate"}
