@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from .extract import MAX_FILE_BYTES, Skipped, extract_bytes, extractor_available
 
 __all__ = ["Relocation", "SourceUnavailable", "Verification", "current_source", "line_of",
-           "source_changed", "verify_citation"]
+           "sources_changed", "verify_citation"]
 
 Status = Literal["verified", "drifted", "unresolvable"]
 
@@ -88,21 +88,49 @@ def current_source(
     return _reextract(data, source, source_class, extractor, extractor_version, encoding)
 
 
-def source_changed(base_dir: Path | None, source: str, size, mtime_ns) -> bool | None:
-    """Whether the file behind ``source`` differs in size or mtime from what ingest recorded.
+def sources_changed(base_dir: Path | None, records) -> list[bool | None]:
+    """For each ``(source, size, mtime_ns)`` recorded at ingest: whether the file now differs.
 
     None when nothing was recorded (collections written before the columns) or there is no
-    base directory; True when the file is gone or now outside the base. One ``lstat``-level
-    check per call, no read: cheap enough for every hit list (docs/performance.md).
+    base directory; True when the file is gone or the source is not a plain relative path.
+    One ``stat`` per record and no read: cheap enough for every hit list (docs/performance.md).
+    The answer is one bit compared with ingest's own record, so a link is followed as ingest
+    followed it; nothing about the file is returned.
     """
-    if base_dir is None or size is None or mtime_ns is None:
-        return None
+    records = list(records)
+    if base_dir is None:
+        return [None] * len(records)
     try:
-        _real_base, path = _resolve_source(Path(base_dir), source)
-        info = os.stat(path)
-    except (_Unresolvable, OSError):
-        return True
-    return info.st_size != size or info.st_mtime_ns != mtime_ns
+        real_base = _real_base(Path(base_dir))
+    except _Unresolvable:
+        return [None if size is None or mtime is None else True for _s, size, mtime in records]
+    base = os.fspath(real_base)
+    out = []
+    for source, size, mtime_ns in records:
+        if size is None or mtime_ns is None:
+            out.append(None)
+            continue
+        if not _plain_relative(source):
+            out.append(True)
+            continue
+        try:
+            info = os.stat(os.path.join(base, source))
+        except (OSError, ValueError):
+            out.append(True)
+            continue
+        out.append(info.st_size != size or info.st_mtime_ns != mtime_ns)
+    return out
+
+
+def _plain_relative(source) -> bool:
+    return (
+        isinstance(source, str)
+        and bool(source)
+        and "\x00" not in source
+        and "\\" not in source
+        and not source.startswith("/")
+        and ".." not in PurePosixPath(source).parts
+    )
 
 
 def verify_citation(
@@ -144,14 +172,7 @@ def _unresolvable(reason: str) -> Verification:
 
 def _resolve_source(base_dir: Path, source: str) -> tuple[Path, Path]:
     """The real base and the real path of ``source``, refused unless it stays under the base."""
-    if (
-        not isinstance(source, str)
-        or not source
-        or "\x00" in source
-        or "\\" in source
-        or source.startswith("/")
-        or ".." in PurePosixPath(source).parts
-    ):
+    if not _plain_relative(source):
         raise _Unresolvable(_OUTSIDE)
     real_base = _real_base(base_dir)
     try:

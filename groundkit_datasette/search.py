@@ -283,13 +283,10 @@ def _hits(collection, ranked, components):
 def _source_changed(collection, rows) -> dict:
     """document_id -> whether its file's size or mtime differs from ingest's record: one
     ``stat`` per distinct document of the hit list (cost in docs/performance.md)."""
-    from .citations import source_changed
+    from .citations import sources_changed
 
-    out = {}
-    for r in rows:
-        if r[1] not in out:
-            out[r[1]] = source_changed(collection.base_dir, r[2], r[12], r[13])
-    return out
+    docs = {r[1]: (r[2], r[12], r[13]) for r in rows}
+    return dict(zip(docs, sources_changed(collection.base_dir, docs.values())))
 
 
 def run_search(collection, request: SearchRequest, access=None) -> SearchResponse:
