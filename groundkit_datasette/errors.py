@@ -4,6 +4,8 @@ Messages name the problem and never echo paths, URLs or secrets: the
 service surfaces pass ``str(error)`` of allow-listed types to callers.
 """
 
+from dataclasses import dataclass
+
 
 class GroundkitError(Exception):
     """Base class; its message is safe to show to a caller."""
@@ -89,3 +91,15 @@ class TooManyDocuments(GroundkitError):
     """A call would re-read more documents than its bound allows (verify_quote)."""
 
     kind = "too_many_documents"
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """One error as every surface answers it: status, kind and a text that echoes nothing."""
+
+    status: int
+    kind: str
+    detail: str
+
+    def body(self, request_id: str) -> dict:
+        return {"ok": False, "error": self.kind, "detail": self.detail, "request_id": request_id}

@@ -9,8 +9,8 @@ import sqlite3
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette.collection import Collection
-from groundkit_datasette.ingest import ingest
+from groundkit_datasette.retrieval.collection import Collection
+from groundkit_datasette.collection.ingest import ingest
 
 from .conftest import write_corpus
 

@@ -6,8 +6,8 @@ import json
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.quotes import MAX_DOCUMENTS_SCANNED, MAX_QUOTE_CHARS, MAX_QUOTES, normalise
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.retrieval.quotes import MAX_DOCUMENTS_SCANNED, MAX_QUOTE_CHARS, MAX_QUOTES, normalise
 
 from .conftest import snapshot, write_corpus
 from .test_extract import make_pdf

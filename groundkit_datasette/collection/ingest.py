@@ -1,0 +1,846 @@
+"""Writing a collection: incremental, per-document atomic, published by rename.
+
+The live ``<name>.sqlite3`` is never written in place: an immutable reader
+(Datasette) takes no locks, so rewriting its pages under it would show torn
+state. Each run copies the file, applies changes there one document per
+savepoint, rebuilds the BM25 postings, then swaps the copy in with
+``os.replace``. See adr/0002-publish-by-rename.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import fnmatch
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import sqlite3
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+from . import terms as bm25_index
+from .access_lists import ACLResolver
+from .chunking import chunk_text
+from ..errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
+from .extract import Skipped, extract_bytes, page_for_offset
+from ..plugins import DEFAULT_EMBEDDER
+from .names import lance_path, sqlite_path, validate_name
+from .schema import (add_cjk_tables, add_encoding_column, add_stat_columns, check_stamp, create_schema, index_new_chunks,
+                     read_manifest, suspend_fts_trigger)
+from .vectors import VectorWriter
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 1000
+DEFAULT_CHUNK_OVERLAP = 100
+DEFAULT_EXCLUDES = (
+    ".*",
+    "__pycache__",
+    "node_modules",
+    "*.sqlite3",
+    "*.sqlite3-*",
+    "*.lance",
+    "*.pyc",
+    "*.acl.json",  # access-list sidecars (acl.py) describe documents; they are not documents
+)
+# Chunks gathered before one embedding call: amortises batching across small documents.
+EMBED_BATCH_CHUNKS = 256
+# (file mode, directory mode) of what ingest creates: the files hold the corpus.
+PRIVATE_MODES = (0o600, 0o700)
+GROUP_READABLE_MODES = (0o640, 0o750)
+
+
+@dataclass
+class IngestReport:
+    added: int = 0
+    updated: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    failed: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    skipped_files: list[tuple[str, str]] = field(default_factory=list)
+    failed_files: list[tuple[str, str]] = field(default_factory=list)
+    chunks_written: int = 0
+    chunks_embedded: int = 0
+    seconds: float = 0.0
+    generation: int = 0
+    published: bool = False
+    # Chunks whose vector was missing (a lost or incomplete <name>.lance) and was embedded again.
+    vectors_restored: int = 0
+
+    @property
+    def chunks_per_second(self) -> float:
+        return self.chunks_written / self.seconds if self.seconds > 0 else 0.0
+
+    def skip(self, source: str, reason: str) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.skipped_files.append((source, reason))
+
+    def as_dict(self) -> dict:
+        return {
+            "added": self.added,
+            "updated": self.updated,
+            "unchanged": self.unchanged,
+            "removed": self.removed,
+            "failed": self.failed,
+            "skipped": sum(self.skipped.values()),
+            "skipped_by_reason": dict(self.skipped),
+            "chunks_written": self.chunks_written,
+            "chunks_embedded": self.chunks_embedded,
+            "seconds": round(self.seconds, 3),
+            "chunks_per_second": round(self.chunks_per_second, 1),
+            "generation": self.generation,
+            "published": self.published,
+            "vectors_restored": self.vectors_restored,
+            "failed_files": [{"source": s, "reason": r} for s, r in self.failed_files],
+            "skipped_files": [{"source": s, "reason": r} for s, r in self.skipped_files],
+        }
+
+    @property
+    def written(self) -> int:
+        """Documents this run added or rewrote (an access-list-only change counts)."""
+        return self.added + self.updated
+
+
+@dataclass
+class _Prepared:
+    source: str
+    document_id: str
+    file_hash: str
+    extracted: object
+    chunks: list
+    chunk_ids: list[str]
+    is_new: bool
+    acl: str | None = None
+    # The file's size and mtime when read: a hit whose file differs now says source_changed.
+    size: int | None = None
+    mtime_ns: int | None = None
+
+
+def _sha(data: bytes | str) -> str:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+class _savepoint:
+    """All or nothing for the statements inside (nested in the run's transaction)."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def __enter__(self):
+        self.conn.execute("SAVEPOINT write")
+
+    def __exit__(self, exc_type, *exc):
+        if exc_type is not None:
+            self.conn.execute("ROLLBACK TO write")
+        self.conn.execute("RELEASE write")
+        return False
+
+
+def document_id_for(source: str) -> str:
+    return "d_" + _sha(source)[:20]
+
+
+def chunk_ids_for(document_id: str, chunks) -> list[str]:
+    """Content-derived ids: an unchanged chunk keeps its id (and vector) across edits elsewhere."""
+    seen: dict[str, int] = {}
+    ids = []
+    for ch in chunks:
+        key = f"{document_id}\0{ch.heading}\0{ch.text}"
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        ids.append("c_" + _sha(f"{key}\0{n}")[:24])
+    return ids
+
+
+def embedding_text(heading: str, text: str) -> str:
+    return f"{heading}\n\n{text}" if heading else text
+
+
+class Indexer:
+    """Ingest files into the collection ``name`` under ``index_dir``.
+
+    >>> Indexer("docs", index_dir=".").ingest(["docs/"])
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        index_dir: str | Path = ".",
+        base_dir: str | Path | None = None,
+        embedder: str | None = None,
+        embedder_options: dict | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        chunk_overlap: int = DEFAULT_CHUNK_OVERLAP,
+        exclude: Iterable[str] = (),
+        progress: Callable[[dict], None] | None = None,
+        ann_threshold: int | None = None,
+        group_readable: bool | None = None,
+    ):
+        self.name = validate_name(name)
+        self.index_dir = Path(index_dir)
+        self.base_dir = Path(base_dir) if base_dir is not None else None
+        self.embedder_name = embedder
+        self.embedder_options = dict(embedder_options or {})
+        if not isinstance(chunk_size, int) or chunk_size < 50:
+            raise InvalidRequest("chunk size must be an integer of at least 50 characters")
+        if not isinstance(chunk_overlap, int) or not 0 <= chunk_overlap < chunk_size // 2:
+            raise InvalidRequest("chunk overlap must be at least 0 and less than half the chunk size")
+        self.chunk_size = chunk_size
+        self.chunk_overlap = chunk_overlap
+        self.exclude = tuple(DEFAULT_EXCLUDES) + tuple(exclude)
+        self._exclude_pattern = re.compile("|".join(fnmatch.translate(g) for g in self.exclude))
+        self.progress = progress or (lambda event: None)
+        self.ann_threshold = ann_threshold
+        # None: a new collection is private, a re-ingest keeps whether its group could read it.
+        self.group_readable = group_readable
+        self._file_mode, self._dir_mode = PRIVATE_MODES
+        self._created_lance: Path | None = None
+
+    # -- paths and files ---------------------------------------------------
+
+    @property
+    def path(self) -> Path:
+        return sqlite_path(self.index_dir, self.name)
+
+    def _resolve_inputs(self, paths) -> tuple[Path, list[Path]]:
+        if not paths:
+            raise InvalidRequest("give at least one file or directory to ingest")
+        resolved = []
+        for p in paths:
+            rp = Path(p).resolve()
+            if not rp.exists():
+                raise InvalidRequest(f"path does not exist: {p}")
+            resolved.append(rp)
+        if self.base_dir is not None:
+            base = self.base_dir.resolve()
+        else:
+            common = Path(os.path.commonpath([str(p) for p in resolved]))
+            base = common if common.is_dir() else common.parent
+        for rp in resolved:
+            if rp != base and base not in rp.parents:
+                raise InvalidRequest(f"path is outside the base directory: {rp}")
+        return base, resolved
+
+    def _excluded(self, rel: str) -> bool:
+        name = rel.rsplit("/", 1)[-1]
+        match = self._exclude_pattern.match
+        return match(name) is not None or match(rel) is not None
+
+    def _walk(self, base: Path, root: Path, report: IngestReport):
+        """Yield ``(source, real_path)`` for files under ``root`` that stay inside ``base``.
+
+        Order is deterministic: a directory's files by name, then its subdirectories by name.
+        """
+
+        def symlink(path: Path, rel: str):
+            target = path.resolve()
+            if target != base and base not in target.parents:
+                report.skip(rel, "symlink outside base directory")
+                log.warning("refused symlink leaving the base directory: %s", rel)
+                return None
+            try:
+                mode = target.stat().st_mode
+            except OSError:
+                return rel, target  # dangling: reported as unreadable when read
+            if stat.S_ISDIR(mode):
+                report.skip(rel, "symlinked directory not followed")
+                return None
+            if not stat.S_ISREG(mode):  # a FIFO would block the read
+                report.skip(rel, "not a regular file")
+                return None
+            return rel, target
+
+        # Roots come resolved (_resolve_inputs): never a symlink themselves.
+        rel_root = root.relative_to(base).as_posix() if root != base else root.name
+        if root.is_file():
+            if not self._excluded(rel_root):
+                yield rel_root, root
+            return
+        if not root.is_dir():
+            report.skip(rel_root, "not a regular file")
+            return
+
+        def visit(directory: str, prefix: str):
+            # os.scandir: file types come with the directory listing, no stat per file.
+            try:
+                with os.scandir(directory) as it:
+                    entries = sorted(it, key=lambda e: e.name)
+            except OSError as exc:  # one unreadable directory must not end the run
+                report.skip(prefix.rstrip("/") or ".", "unreadable directory")
+                log.warning("cannot list %s: %s", prefix.rstrip("/") or ".", exc.strerror)
+                return
+            subdirs = []
+            for entry in entries:
+                rel = prefix + entry.name
+                if self._excluded(rel):
+                    continue
+                if entry.is_symlink():
+                    item = symlink(Path(entry.path), rel)
+                    if item:
+                        yield item
+                elif entry.is_dir():
+                    subdirs.append((entry.path, rel + "/"))
+                elif entry.is_file():
+                    yield rel, Path(entry.path)
+                else:
+                    report.skip(rel, "not a regular file")
+            for path, sub_prefix in subdirs:
+                yield from visit(path, sub_prefix)
+
+        yield from visit(str(root), "" if root == base else rel_root + "/")
+
+    # -- the run -----------------------------------------------------------
+
+    def ingest(self, paths) -> IngestReport:
+        started = time.perf_counter()
+        base, roots = self._resolve_inputs(paths)
+        self._choose_modes()
+        if not self.index_dir.exists():
+            # Only a directory ingest creates is made private: an existing one is the user's.
+            self.index_dir.mkdir(parents=True, mode=self._dir_mode)
+            os.chmod(self.index_dir, self._dir_mode)  # mkdir's mode is filtered by the umask
+        report = IngestReport()
+        with self._write_lock():
+            self._remove_stale_copies()
+            work = self.index_dir / f".{self.name}.sqlite3.ingest-{os.getpid()}"
+            try:
+                # Created with its final mode before any corpus text is written into it.
+                os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode))
+                os.chmod(work, self._file_mode)
+                conn = self._open_private_copy(work)
+                try:
+                    # One transaction for the run (the copy is private): per-document commits
+                    # would make FTS5 write and merge a segment per document.
+                    conn.execute("BEGIN")
+                    changed, vectors = self._run(conn, base, roots, report)
+                    if changed:
+                        self._finish(conn, vectors)
+                    else:
+                        conn.execute("ROLLBACK")
+                    conn.close()
+                except BaseException:
+                    conn.close()
+                    raise
+                if changed:
+                    self._publish(work)
+                    report.published = True
+            finally:
+                if work.exists():
+                    work.unlink()
+                if not report.published and self._created_lance is not None and not self.path.exists():
+                    shutil.rmtree(self._created_lance, ignore_errors=True)  # nothing refers to it
+        report.seconds = time.perf_counter() - started
+        self.progress({"event": "done", "report": report})
+        return report
+
+    def _choose_modes(self) -> None:
+        group = self.group_readable
+        if group is None:
+            try:
+                group = bool(self.path.stat().st_mode & stat.S_IRGRP)
+            except FileNotFoundError:
+                group = False
+        self._file_mode, self._dir_mode = GROUP_READABLE_MODES if group else PRIVATE_MODES
+
+    def _restrict_tree(self, root: Path) -> None:
+        """Give ``root`` and everything under it this run's modes (LanceDB creates its files 0644)."""
+        def chmod(path, mode):
+            try:
+                if stat.S_IMODE(os.lstat(path).st_mode) != mode:
+                    os.chmod(path, mode)
+            except FileNotFoundError:
+                pass
+
+        chmod(root, self._dir_mode)
+        for dirpath, dirnames, filenames in os.walk(root):
+            for d in dirnames:
+                chmod(os.path.join(dirpath, d), self._dir_mode)
+            for f in filenames:
+                chmod(os.path.join(dirpath, f), self._file_mode)
+
+    def _write_lock(self):
+        lock_path = self.index_dir / f".{self.name}.lock"
+        indexer = self
+
+        class _Lock:
+            def __enter__(self):
+                self.fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, indexer._file_mode)
+                try:
+                    os.fchmod(self.fd, indexer._file_mode)
+                except OSError:  # another user's lock file: its mode is theirs
+                    pass
+                try:
+                    fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    os.close(self.fd)
+                    raise CollectionBusy(
+                        f"collection '{indexer.name}' is being written by another ingest; "
+                        "try again when it has finished"
+                    ) from None
+
+            def __exit__(self, *exc):
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                os.close(self.fd)
+
+        return _Lock()
+
+    def _remove_stale_copies(self):
+        # Only reachable while holding the lock, so any copy left here is from a dead run.
+        for stale in self.index_dir.glob(f".{self.name}.sqlite3.ingest-*"):
+            stale.unlink(missing_ok=True)
+
+    def _open_private_copy(self, work: Path) -> sqlite3.Connection:
+        live = self.path
+        if live.exists():
+            shutil.copyfile(live, work)
+            conn = sqlite3.connect(work)
+            try:
+                check_stamp(conn)
+                add_encoding_column(conn)  # older collections: additive, NULL for their rows
+                add_stat_columns(conn)
+                add_cjk_tables(conn)
+            except Exception:
+                conn.close()
+                raise
+        else:
+            conn = sqlite3.connect(work)
+            create_schema(conn)
+        # The copy is private and discarded on failure: no fsyncs. The journal stays on disk
+        # (it is written without syncing): one run is one transaction, and an in-memory journal
+        # would hold every page the run changes (a re-chunk changes them all).
+        conn.execute("PRAGMA synchronous = OFF")
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.isolation_level = None
+        return conn
+
+    def _bind_embedder(self, conn, manifest: dict):
+        """Pick the embedder and check it against the collection's manifest."""
+        bound = manifest.get("embedder")
+        name = self.embedder_name
+        if name is None:
+            name = bound or DEFAULT_EMBEDDER
+        self._resolved_embedder = name
+        has_docs = conn.execute("SELECT 1 FROM documents LIMIT 1").fetchone() is not None
+        if name == "none":
+            if bound and bound != "none":
+                raise InvalidRequest(
+                    f"collection '{self.name}' is bound to embedder {manifest.get('embedding_model')} "
+                    "and --embedder none would leave new chunks without vectors"
+                )
+            return None, False
+        from ..embedding.embedders import get_embedder  # not for BM25-only runs: it loads onnxruntime
+
+        embedder = get_embedder(name, **self.embedder_options)
+        backfill = False
+        if bound and bound != "none":
+            want = (manifest.get("embedding_provider"), manifest.get("embedding_model"),
+                    str(manifest.get("embedding_dimensions")))
+            got = (embedder.provider, embedder.model_name, str(embedder.dimensions))
+            if want != got:
+                raise EmbedderError(
+                    f"collection '{self.name}' was built with {want[0]}/{want[1]} ({want[2]} dimensions); "
+                    f"refusing to add vectors from {got[0]}/{got[1]} ({got[2]} dimensions)"
+                )
+        elif has_docs:
+            backfill = True  # a BM25-only collection gains vectors for every chunk
+        return embedder, backfill
+
+    def _run(self, conn, base: Path, roots: list[Path], report: IngestReport) -> bool:
+        manifest = read_manifest(conn)
+        embedder, backfill = self._bind_embedder(conn, manifest)
+        chunker = json.dumps({"chunk_size": self.chunk_size, "chunk_overlap": self.chunk_overlap})
+        rechunk = manifest.get("chunker") not in (None, chunker) or backfill
+        generation = int(manifest.get("generation", "0")) + 1
+
+        vectors = None
+        if embedder is not None:
+            lance_dir = lance_path(self.index_dir, self.name)
+            if not lance_dir.exists():
+                lance_dir.mkdir(mode=self._dir_mode)
+                os.chmod(lance_dir, self._dir_mode)  # no one else may enter while LanceDB writes
+                self._created_lance = lance_dir
+            vectors = VectorWriter(lance_dir, embedder.dimensions,
+                                   manifest.get("lance_version"),
+                                   **({"ann_threshold": self.ann_threshold}
+                                      if self.ann_threshold is not None else {}))
+        existing = {
+            row[0]: row[1:]
+            for row in conn.execute(
+                "SELECT source, document_id, file_hash, extractor, extractor_version, acl, "
+                "source_size, source_mtime_ns FROM documents"
+            )
+        }
+        acls = ACLResolver(base)
+        terms = bm25_index.TermTable(conn)
+        if manifest.get("tokenizer") != bm25_index.TOKENIZER and terms.has_cjk_terms():
+            rechunk = True  # CJK text was indexed as whole runs: tokenize it again as bigrams
+        self._next_row_id = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
+        first_new_row = self._next_row_id
+        suspend_fts_trigger(conn)
+        seen: set[str] = set()
+        pending: list[_Prepared] = []
+        pending_new_chunks = 0
+        changed = False
+
+        def flush():
+            nonlocal pending, pending_new_chunks, changed
+            if not pending:
+                return
+            new_vectors = {}
+            if embedder is not None:
+                keep = vectors.existing_ids([cid for p in pending for cid in p.chunk_ids])
+                texts, ids = [], []
+                for p in pending:
+                    for ch, cid in zip(p.chunks, p.chunk_ids):
+                        if cid not in keep and cid not in new_vectors:
+                            new_vectors[cid] = None
+                            ids.append(cid)
+                            texts.append(embedding_text(ch.heading, ch.text))
+                try:
+                    embedded = embedder.embed(texts) if texts else []
+                except Exception as exc:  # the whole batch keeps its previous state
+                    for p in pending:
+                        report.failed += 1
+                        report.failed_files.append((p.source, "embedding failed"))
+                    log.error("embedding failed for %d chunks: %s", len(texts), exc)
+                    pending, pending_new_chunks = [], 0
+                    return
+                new_vectors = dict(zip(ids, embedded))
+                report.chunks_embedded += len(ids)
+            for p in self._write_documents(conn, pending, terms, generation, report):
+                changed = True
+                if vectors is not None:
+                    vectors.replace_document(
+                        p.document_id,
+                        [(cid, new_vectors[cid]) for cid in p.chunk_ids if cid in new_vectors],
+                        keep_ids=p.chunk_ids,
+                    )
+            pending, pending_new_chunks = [], 0
+
+        # Overlapping paths (a directory and what is inside it) name each file once, and a
+        # root inside another directory root is not walked twice.
+        # One stat per root and a set lookup per parent: linear in the number of paths.
+        unique_roots = list(dict.fromkeys(roots))
+        dir_roots = {r for r in unique_roots if r.is_dir()}
+        walked = [r for r in unique_roots if not any(p in dir_roots for p in r.parents)]
+        files = list({item[0]: item for root in walked for item in self._walk(base, root, report)}.values())
+        self.progress({"event": "start", "total": len(files)})
+        for done, (source, real) in enumerate(files, 1):
+            seen.add(source)
+            self.progress({"event": "file", "source": source, "done": done, "total": len(files)})
+            try:
+                data = real.read_bytes()
+            except OSError as exc:
+                report.skip(source, "unreadable")
+                log.warning("cannot read %s: %s", source, exc.strerror)
+                continue
+            file_hash = _sha(data)
+            try:
+                info = real.stat()
+                size, mtime_ns = info.st_size, info.st_mtime_ns
+            except OSError:
+                size = mtime_ns = None
+            acl = acls.for_document(source, data)
+            prior = existing.get(source)
+            if prior and not rechunk and prior[1] == file_hash:
+                if (prior[5], prior[6]) != (size, mtime_ns):
+                    # Same bytes, new size/mtime record (touched, or an older collection):
+                    # refreshed, so its hits do not say source_changed for ever.
+                    conn.execute(
+                        "UPDATE documents SET source_size = ?, source_mtime_ns = ? "
+                        "WHERE document_id = ?", (size, mtime_ns, prior[0]))
+                    changed = True
+                if prior[4] == acl:
+                    report.unchanged += 1
+                else:  # only its access list changed: no re-chunking, no re-embedding
+                    conn.execute(
+                        "UPDATE documents SET acl = ?, generation = ? WHERE document_id = ?",
+                        (acl, generation, prior[0]),
+                    )
+                    report.updated += 1
+                    changed = True
+                continue
+            try:
+                extracted = extract_bytes(data, Path(source).suffix)
+            except Skipped as skip:
+                report.skip(source, skip.reason)
+                continue
+            except Exception as exc:
+                report.failed += 1
+                report.failed_files.append((source, "extraction failed"))
+                log.error("extraction failed for %s: %s", source, type(exc).__name__)
+                continue
+            chunks = chunk_text(
+                extracted.text,
+                source_class=extracted.source_class,
+                chunk_size=self.chunk_size,
+                chunk_overlap=self.chunk_overlap,
+            )
+            document_id = document_id_for(source)
+            prep = _Prepared(
+                source=source,
+                document_id=document_id,
+                file_hash=file_hash,
+                extracted=extracted,
+                chunks=chunks,
+                chunk_ids=chunk_ids_for(document_id, chunks),
+                is_new=prior is None,
+                acl=acl,
+                size=size,
+                mtime_ns=mtime_ns,
+            )
+            pending.append(prep)
+            pending_new_chunks += len(chunks)
+            if pending_new_chunks >= EMBED_BATCH_CHUNKS:
+                flush()
+        flush()
+        terms.flush()
+        index_new_chunks(conn, first_new_row)
+
+        # Prune documents whose files are gone from a directory root given in this run.
+        prefixes = tuple("" if root == base else root.relative_to(base).as_posix() + "/"
+                         for root in dir_roots)
+        if prefixes:
+            for source, (document_id, *_rest) in existing.items():
+                if source not in seen and source.startswith(prefixes):
+                    conn.execute("DELETE FROM documents WHERE document_id = ?", (document_id,))
+                    if vectors is not None:
+                        vectors.replace_document(document_id, [], keep_ids=[])
+                    report.removed += 1
+                    changed = True
+
+        if vectors is not None and self._restore_missing_vectors(conn, embedder, vectors, report):
+            changed = True
+
+        if manifest.get("generation") is None and report.written == 0:
+            # A first run that wrote no document (every file failed or was skipped) publishes
+            # nothing: an empty generation 1 would look like a collection that worked.
+            return False, vectors
+        # New BM25 settings (k1, b, IDF unit) re-weigh the postings of an unchanged corpus.
+        rescore = manifest.get("bm25") != json.dumps(bm25_index.settings())
+        if changed or rechunk or rescore or manifest.get("chunker") is None:
+            changed = True
+            self._write_manifest(conn, manifest, embedder, chunker, generation, base)
+        report.generation = generation if changed else int(manifest.get("generation", "0"))
+        return changed, vectors
+
+    def _restore_missing_vectors(self, conn, embedder, vectors, report: IngestReport) -> bool:
+        """Embed every chunk that has no vector, so a publish never leaves chunks without one.
+
+        Vectors go missing when ``<name>.lance`` is lost or incomplete; unchanged files are not
+        re-embedded by the main pass, so without this a re-ingest would publish a vector table
+        covering only the files that changed.
+        """
+        missing: dict[str, list[str]] = {}
+        for chunk_id, document_id in conn.execute("SELECT chunk_id, document_id FROM chunks"):
+            if chunk_id not in vectors.ids:
+                missing.setdefault(document_id, []).append(chunk_id)
+        total = sum(len(ids) for ids in missing.values())
+        if not total:
+            return False
+        log.warning("%d chunks have no vector (the vector index was missing or incomplete); "
+                    "embedding them again", total)
+        items = [(did, cid) for did, ids in missing.items() for cid in ids]
+        for i in range(0, len(items), EMBED_BATCH_CHUNKS):
+            batch = items[i : i + EMBED_BATCH_CHUNKS]
+            texts = []
+            for _did, cid in batch:
+                heading, content = conn.execute(
+                    "SELECT heading, content FROM chunks WHERE chunk_id = ?", (cid,)
+                ).fetchone()
+                texts.append(embedding_text(heading, content))
+            try:
+                embedded = embedder.embed(texts)
+            except Exception as exc:
+                log.error("embedding missing vectors failed: %s", exc)
+                raise EmbedderError(
+                    f"{total} chunks of collection '{self.name}' have no vector (its vector index "
+                    "is missing or incomplete) and embedding them failed; nothing was published"
+                ) from None
+            by_document: dict[str, list] = {}
+            for (did, cid), vec in zip(batch, embedded):
+                by_document.setdefault(did, []).append((cid, vec))
+            for did, rows in by_document.items():
+                keep = vectors.by_document.get(did, set()) | {cid for cid, _ in rows}
+                vectors.replace_document(did, rows, keep_ids=keep)
+            report.chunks_embedded += len(batch)
+            report.vectors_restored += len(batch)
+        return True
+
+    def _write_documents(self, conn, batch: list[_Prepared], terms, generation, report) -> list[_Prepared]:
+        """Write a batch of documents; return those written.
+
+        The batch goes in under one savepoint. If that fails, each document is
+        retried under its own, so a bad document costs only itself and keeps its
+        previous rows.
+        """
+        try:
+            with _savepoint(conn):
+                self._insert_documents(conn, batch, terms, generation)
+            written = batch
+        except Exception:
+            written = []
+            for p in batch:
+                try:
+                    with _savepoint(conn):
+                        self._insert_documents(conn, [p], terms, generation)
+                    written.append(p)
+                except Exception as exc:
+                    report.failed += 1
+                    report.failed_files.append((p.source, "write failed"))
+                    log.error("writing %s failed, its previous state is kept: %s",
+                              p.source, type(exc).__name__)
+        for p in written:
+            if p.is_new:
+                report.added += 1
+            else:
+                report.updated += 1
+            report.chunks_written += len(p.chunks)
+            self.progress({"event": "document", "source": p.source, "chunks": len(p.chunks)})
+        return written
+
+    def _insert_documents(self, conn, batch: list[_Prepared], terms, generation) -> None:
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        conn.executemany(
+            "DELETE FROM chunks WHERE document_id = ?",
+            [(p.document_id,) for p in batch if not p.is_new],
+        )
+        conn.executemany(
+            """INSERT INTO documents(document_id, source, source_class, extractor,
+                   extractor_version, title, content_hash, file_hash, char_count, line_count,
+                   page_count, chunk_count, acl, generation, ingested_at, encoding,
+                   source_size, source_mtime_ns)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+               ON CONFLICT(document_id) DO UPDATE SET
+                   source_class=excluded.source_class, extractor=excluded.extractor,
+                   extractor_version=excluded.extractor_version, title=excluded.title,
+                   content_hash=excluded.content_hash, file_hash=excluded.file_hash,
+                   char_count=excluded.char_count, line_count=excluded.line_count,
+                   page_count=excluded.page_count, chunk_count=excluded.chunk_count,
+                   acl=excluded.acl, generation=excluded.generation,
+                   ingested_at=excluded.ingested_at, encoding=excluded.encoding,
+                   source_size=excluded.source_size, source_mtime_ns=excluded.source_mtime_ns""",
+            [
+                (
+                    p.document_id, p.source, p.extracted.source_class, p.extracted.extractor,
+                    p.extracted.extractor_version, p.extracted.title, _sha(p.extracted.text),
+                    p.file_hash, len(p.extracted.text), p.extracted.text.count("\n") + 1,
+                    len(p.extracted.page_starts) or None, len(p.chunks), p.acl, generation, now,
+                    p.extracted.encoding, p.size, p.mtime_ns,
+                )
+                for p in batch
+            ],
+        )
+        # Row ids are assigned here (not by SQLite), so the term rows can name them.
+        rows = []
+        next_id = self._next_row_id
+        for p in batch:
+            pages = p.extracted.page_starts
+            for ch, cid in zip(p.chunks, p.chunk_ids):
+                rows.append((
+                    next_id, cid, p.document_id, ch.index, ch.start, ch.end, ch.line_start,
+                    ch.line_end, page_for_offset(pages, ch.start),
+                    page_for_offset(pages, max(ch.end - 1, ch.start)), ch.heading, ch.text,
+                    _sha(ch.text),
+                ))
+                next_id += 1
+        conn.executemany(
+            """INSERT INTO chunks(id, chunk_id, document_id, chunk_index, start_offset,
+                   end_offset, line_start, line_end, page_start, page_end, heading,
+                   content, content_hash)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+            rows,
+        )
+        cjk = []
+        for row in rows:
+            if bm25_index.has_cjk(row[10]) or bm25_index.has_cjk(row[11]):
+                cjk.append((row[0], row[1], " ".join(bm25_index.cjk_terms(row[10] + "\n" + row[11]))))
+        if cjk:
+            conn.executemany("INSERT INTO chunks_cjk(id, chunk_id, bigrams) VALUES (?, ?, ?)", cjk)
+        chunks = (ch for p in batch for ch in p.chunks)
+        conn.executemany(
+            "INSERT INTO bm25_chunk_terms(id, length, term_ids, term_freqs) VALUES (?, ?, ?, ?)",
+            [self._term_row(row[0], terms, ch) for row, ch in zip(rows, chunks)],
+        )
+        self._next_row_id = next_id
+
+    def _term_row(self, row_id, terms, chunk) -> tuple:
+        length, ids, freqs = terms.encode(embedding_text(chunk.heading, chunk.text))
+        return row_id, length, ids, freqs
+
+    def _write_manifest(self, conn, manifest, embedder, chunker, generation, base):
+        values = {
+            "generation": str(generation),
+            "chunker": chunker,
+            "base_dir": os.path.relpath(base, self.index_dir.resolve()),
+            "bm25": json.dumps(bm25_index.settings()),
+            "tokenizer": bm25_index.TOKENIZER,
+        }
+        # Sticky: once any version had an access list, every later one says so, so a publish
+        # that drops the last list cannot open Datasette's raw views mid-flight (adr/0011).
+        if conn.execute("SELECT 1 FROM documents WHERE acl IS NOT NULL LIMIT 1").fetchone():
+            values["access_lists"] = "1"
+        if "created_at" not in manifest:
+            values["created_at"] = datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"
+            )
+        if embedder is None:
+            if not manifest.get("embedder"):
+                values["embedder"] = "none"
+        else:
+            values.update(
+                embedder=self._resolved_embedder,
+                embedding_provider=embedder.provider,
+                embedding_model=embedder.model_name,
+                embedding_dimensions=str(embedder.dimensions),
+            )
+        conn.executemany(
+            "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            list(values.items()),
+        )
+
+    def _finish(self, conn, vectors) -> None:
+        self.progress({"event": "postings"})
+        bm25_index.rebuild_postings(conn)
+        if vectors is not None:
+            version = vectors.commit()
+            self._restrict_tree(lance_path(self.index_dir, self.name))
+            conn.executemany(
+                "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                [("lance_version", str(version)), ("ann_index", vectors.ann_index or "")],
+            )
+        conn.execute("COMMIT")
+        # Immutable readers ignore WAL content: leave a plain rollback-journal file.
+        conn.execute("PRAGMA journal_mode = DELETE")
+        conn.execute("PRAGMA optimize")
+
+    def _publish(self, work: Path) -> None:
+        with open(work, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(work, self.path)
+        dir_fd = os.open(self.index_dir, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def ingest(paths, *, collection: str, **options) -> IngestReport:
+    """Convenience wrapper: ``ingest(["docs"], collection="docs", index_dir=".")``."""
+    return Indexer(collection, **options).ingest(paths)
+
+
+__all__ = ["Indexer", "IngestReport", "ingest", "IngestError"]

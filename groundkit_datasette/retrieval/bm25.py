@@ -1,0 +1,138 @@
+"""BM25 scoring over the postings ingest stored (``collection/terms.py``, adr/0003):
+a query is a handful of indexed blob reads and a vector sum, with IDF redone per reader
+when access lists hide chunks.
+"""
+
+import sqlite3
+from collections import Counter
+
+import numpy as np
+
+from ..collection.terms import (  # noqa: F401  (the reading side uses the writer's rules)
+    B, DOCUMENT_MAP_ID, IDF_UNIT, K1, STOP_WORDS, TIE_ORDER_ID, TermTable, idf_of,
+    rebuild_postings, settings, tokenize,
+)
+
+# Postings kept in memory per open collection (one published version, so never stale).
+POSTINGS_CACHE_TERMS = 50_000
+
+
+def _documents_of(ids: np.ndarray, documents: np.ndarray) -> np.ndarray:
+    """The distinct document ordinals of the chunk rows ``ids``."""
+    return np.unique(documents[ids])
+
+
+def without_hidden(postings, hidden: np.ndarray, total: int, documents: np.ndarray | None = None):
+    """Re-weight each term's postings as if the ``hidden`` chunk rows were not there.
+
+    A reader's scores then depend on what it may read, not on how often a term
+    occurs in documents hidden from it. Only IDF is redone: the stored weights
+    keep the average chunk length of the whole collection. ``documents`` (the
+    document map, see :func:`document_map`) counts in documents, as the stored
+    weights do; without it (a file written before document IDF) in chunks.
+    """
+    if documents is None:
+        visible = total - hidden.size
+        out = []
+        for ids, weights in postings:
+            df = ids.size
+            df_visible = df - int(np.count_nonzero(np.isin(ids, hidden, assume_unique=True)))
+            factor = idf_of(visible, df_visible) / idf_of(total, df)
+            out.append((ids, weights * np.float32(factor)))
+        return out
+    n = int(documents.max()) + 1 if documents.size else 0
+    hidden_docs = _documents_of(hidden[hidden < documents.size], documents)
+    hidden_docs = hidden_docs[hidden_docs >= 0]
+    visible = n - hidden_docs.size
+    out = []
+    for ids, weights in postings:
+        docs = _documents_of(ids, documents)
+        df = docs.size
+        df_visible = df - int(np.count_nonzero(np.isin(docs, hidden_docs, assume_unique=True)))
+        factor = idf_of(visible, df_visible) / idf_of(n, df)
+        out.append((ids, weights * np.float32(factor)))
+    return out
+
+
+def document_map(conn: sqlite3.Connection, cache: dict | None = None) -> np.ndarray | None:
+    """``documents[chunk row id]`` = document ordinal, or None for a file without the map."""
+    key = ("document map",)  # never a term: terms are strings
+    if cache is not None and key in cache:
+        return cache[key]
+    row = conn.execute(
+        "SELECT chunk_ids FROM bm25_postings WHERE term_id = ?", (DOCUMENT_MAP_ID,)
+    ).fetchone()
+    documents = None if row is None else np.frombuffer(row[0], dtype=np.int32)
+    if cache is not None:
+        cache[key] = documents
+    return documents
+
+
+def tie_ranks(conn: sqlite3.Connection) -> np.ndarray | None:
+    """``ranks[row id]`` = position of the chunk in content-hash order."""
+    row = conn.execute(
+        "SELECT chunk_ids FROM bm25_postings WHERE term_id = ?", (TIE_ORDER_ID,)
+    ).fetchone()
+    if row is None:
+        return None
+    order = np.frombuffer(row[0], dtype=np.int32)
+    ranks = np.zeros(int(order.max()) + 1 if order.size else 0, dtype=np.int64)
+    ranks[order] = np.arange(order.size)
+    return ranks
+
+
+def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
+    """``{term: (chunk row ids, weights) or None}`` read from the postings."""
+    found = dict.fromkeys(terms)
+    marks = ",".join("?" * len(terms))
+    for term, ids, weights in conn.execute(
+        "SELECT v.term, p.chunk_ids, p.weights FROM bm25_vocab v JOIN bm25_postings p "
+        f"ON p.term_id = v.term_id WHERE v.term IN ({marks})",
+        terms,
+    ):
+        found[term] = (np.frombuffer(ids, dtype=np.int32), np.frombuffer(weights, dtype=np.float32))
+    return found
+
+
+def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
+          hidden: np.ndarray | None = None, total: int | None = None):
+    """Return ``(chunk row ids, scores)`` of every chunk matching any query term.
+
+    ``hidden`` (sorted chunk row ids a reader may not see) and ``total`` (chunks in the
+    collection) compute IDF over the rest; see :func:`without_hidden`.
+    """
+    tokens = tokenize(query)
+    terms = sorted(set(tokens))
+    if not terms:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    # A word the query repeats counts as often as it is repeated (as in Lucene and bm25s):
+    # in a long, natural-language query the repeated words carry the topic.
+    counts = Counter(tokens) if len(terms) < len(tokens) else None
+    if cache is None:
+        resolved = _fetch(conn, terms)
+    else:
+        missing = [t for t in terms if t not in cache]
+        if missing:
+            found = _fetch(conn, missing)
+            if len(cache) > POSTINGS_CACHE_TERMS:
+                kept = {t: cache[t] for t in terms if t in cache}
+                cache.clear()
+                cache.update(kept)
+            cache.update(found)
+        resolved = cache
+    present = [t for t in terms if resolved[t] is not None]
+    postings = [resolved[t] for t in present]
+    repeats = [counts[t] for t in present] if counts else [1] * len(present)
+    if not postings:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    if hidden is not None and hidden.size and total:
+        postings = without_hidden(postings, hidden, total, document_map(conn, cache))
+    if len(postings) == 1:
+        ids, weights = postings[0]
+        return ids.astype(np.int64), weights * np.float32(repeats[0]) if counts else weights.copy()
+    top = max(int(ids[-1]) for ids, _ in postings if ids.size) + 1
+    acc = np.zeros(top, dtype=np.float32)
+    for (ids, weights), n in zip(postings, repeats):
+        acc[ids] += weights if n == 1 else weights * np.float32(n)
+    hit = np.flatnonzero(acc)
+    return hit.astype(np.int64), acc[hit]

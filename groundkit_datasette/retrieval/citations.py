@@ -1,0 +1,337 @@
+"""Re-check a citation against its source file, read-only.
+
+A citation is a chunk row: its source (relative to the base directory),
+the extractor that produced the text, character offsets and the text.
+Verification re-reads the file, re-extracts it with the same extractor and
+compares the span. Reasons are shown to callers, so they never name a
+filesystem path.
+
+The arguments are trusted to come from a collection's chunk row: a
+verified result returns text around the span, so callers must not pass a
+request's own source and content through unchecked.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..collection.extract import MAX_FILE_BYTES, Skipped, extract_bytes, extractor_available
+
+__all__ = ["Relocation", "SourceUnavailable", "Verification", "current_source", "line_of",
+           "sources_changed", "verify_citation"]
+
+Status = Literal["verified", "drifted", "unresolvable"]
+
+_OUTSIDE = "source is outside the base directory"
+_NOT_FOUND = "source file not found"
+_UNREADABLE = "source file unreadable"
+_TOO_LARGE = "source file too large"
+_NOT_EXTRACTABLE = "source can no longer be extracted"
+_EXTRACTED_DIFFERENTLY = "source is no longer extracted the way it was when cited"
+
+
+class Relocation(BaseModel):
+    """Where the cited text sits in the current source."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    start_offset: int
+    end_offset: int
+    line_start: int
+    line_end: int
+    occurrences: int
+
+
+class Verification(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: Status
+    reason: str
+    source_text: str | None = None
+    context_before: str | None = None
+    context_after: str | None = None
+    relocated: Relocation | None = None
+    # What the chunk's ``content`` is: always the text as indexed at ingest. This says how it
+    # stands against the current source, so an agent never quotes stale text unknowingly.
+    indexed_text: Literal["matches_source", "moved_in_source", "not_in_source", "unchecked"] = (
+        "unchecked")
+
+
+class _Unresolvable(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+SourceUnavailable = _Unresolvable  # public name: ``reason`` is safe to show
+
+
+def current_source(
+    *, source: str, source_class: str, extractor: str, extractor_version: str,
+    base_dir: Path | None, encoding: str | None = None,
+):
+    """The source re-read and re-extracted exactly as at ingest (an ``Extracted``).
+
+    Raises :class:`SourceUnavailable` with a reason safe to show (never a path).
+    """
+    if base_dir is None:
+        raise _Unresolvable("no base directory configured")
+    real_base, path = _resolve_source(Path(base_dir), source)
+    if not extractor_available(extractor, extractor_version):
+        raise _Unresolvable(f"extractor {extractor} version {extractor_version} is not available")
+    data = _read_bounded(path, real_base)
+    return _reextract(data, source, source_class, extractor, extractor_version, encoding)
+
+
+def sources_changed(base_dir: Path | None, records) -> list[bool | None]:
+    """For each ``(source, size, mtime_ns)`` recorded at ingest: whether the file now differs.
+
+    None when nothing was recorded (collections written before the columns) or there is no
+    base directory; True when the file is gone or the source is not a plain relative path.
+    One ``stat`` per record and no read: cheap enough for every hit list (docs/performance.md).
+    The answer is one bit compared with ingest's own record, so a link is followed as ingest
+    followed it; nothing about the file is returned.
+    """
+    records = list(records)
+    if base_dir is None:
+        return [None] * len(records)
+    try:
+        real_base = _real_base(Path(base_dir))
+    except _Unresolvable:
+        return [None if size is None or mtime is None else True for _s, size, mtime in records]
+    base = os.fspath(real_base)
+    out = []
+    for source, size, mtime_ns in records:
+        if size is None or mtime_ns is None:
+            out.append(None)
+            continue
+        if not _plain_relative(source):
+            out.append(True)
+            continue
+        try:
+            info = os.stat(os.path.join(base, source))
+        except (OSError, ValueError):
+            out.append(True)
+            continue
+        out.append(info.st_size != size or info.st_mtime_ns != mtime_ns)
+    return out
+
+
+def _plain_relative(source) -> bool:
+    return (
+        isinstance(source, str)
+        and bool(source)
+        and "\x00" not in source
+        and "\\" not in source
+        and not source.startswith("/")
+        and ".." not in PurePosixPath(source).parts
+    )
+
+
+def verify_citation(
+    *,
+    source: str,
+    source_class: str,
+    extractor: str,
+    extractor_version: str,
+    start: int,
+    end: int,
+    content: str,
+    base_dir: Path | None,
+    context_chars: int = 400,
+    encoding: str | None = None,
+) -> Verification:
+    """Whether ``content`` still sits at ``[start:end)`` of the re-extracted source.
+
+    ``encoding`` is the codec recorded at ingest: the source is decoded with it, not with
+    whatever the extractor would choose for today's bytes. None (older collections) lets
+    the extractor choose, as it did then.
+    """
+    try:
+        text = current_source(
+            source=source, source_class=source_class, extractor=extractor,
+            extractor_version=extractor_version, base_dir=base_dir, encoding=encoding,
+        ).text
+    except _Unresolvable as exc:
+        return _unresolvable(exc.reason)
+    return _compare(text, start, end, content, max(0, int(context_chars)))
+
+
+def _unresolvable(reason: str) -> Verification:
+    return Verification(status="unresolvable", reason=reason)
+
+
+# --------------------------------------------------------------------------
+# Finding and reading the file
+
+
+def _resolve_source(base_dir: Path, source: str) -> tuple[Path, Path]:
+    """The real base and the real path of ``source``, refused unless it stays under the base."""
+    if not _plain_relative(source):
+        raise _Unresolvable(_OUTSIDE)
+    real_base = _real_base(base_dir)
+    try:
+        # Non-strict first: a link leading outside is refused whether or not
+        # its target exists, so the answer reveals nothing about outside files.
+        real = (real_base / source).resolve(strict=False)
+    except (OSError, RuntimeError):  # symlink loops
+        raise _Unresolvable(_UNREADABLE) from None
+    if not _inside(real, real_base):
+        raise _Unresolvable(_OUTSIDE)
+    return real_base, real
+
+
+def _real_base(base_dir: Path) -> Path:
+    try:
+        real_base = base_dir.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise _Unresolvable("base directory not found") from None
+    if not real_base.is_dir():
+        raise _Unresolvable("base directory not found")
+    return real_base
+
+
+def _inside(path: Path, base: Path) -> bool:
+    return path != base and path.is_relative_to(base)
+
+
+def _read_bounded(path: Path, real_base: Path) -> bytes:
+    # O_NOFOLLOW: the path was just resolved, so a link here appeared since.
+    # O_NONBLOCK: opening a FIFO must not hang the server.
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    try:
+        fd = os.open(path, flags)
+    except (FileNotFoundError, NotADirectoryError):
+        raise _Unresolvable(_NOT_FOUND) from None
+    except OSError:
+        raise _Unresolvable(_UNREADABLE) from None
+    try:
+        try:
+            info = os.fstat(fd)
+        except OSError:
+            raise _Unresolvable(_UNREADABLE) from None
+        if not stat.S_ISREG(info.st_mode):
+            raise _Unresolvable(_UNREADABLE)
+        if info.st_size > MAX_FILE_BYTES:
+            raise _Unresolvable(_TOO_LARGE)
+        _check_opened_inside(fd, real_base)
+        try:
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                data = f.read(MAX_FILE_BYTES + 1)  # the file may have grown since fstat
+        except OSError:
+            raise _Unresolvable(_UNREADABLE) from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE_BYTES:
+        raise _Unresolvable(_TOO_LARGE)
+    return data
+
+
+def _check_opened_inside(fd: int, real_base: Path) -> None:
+    """Where /proc exists, confirm the file actually opened is under the base.
+
+    Closes the window in which a directory on the resolved path is swapped
+    for a link between resolving and opening.
+    """
+    try:
+        opened = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return  # no procfs: the resolve-time check stands alone
+    if not _inside(Path(opened), real_base):
+        raise _Unresolvable(_OUTSIDE)
+
+
+def _reextract(
+    data: bytes, source: str, source_class: str, extractor: str, extractor_version: str,
+    encoding: str | None = None,
+) -> str:
+    # The suffix comes from the recorded source, as at ingest (not from a link's target).
+    try:
+        extracted = extract_bytes(data, PurePosixPath(source).suffix, encoding=encoding)
+    except Skipped:
+        raise _Unresolvable(_NOT_EXTRACTABLE) from None
+    except Exception:  # malformed input can fail in a parser in many ways
+        raise _Unresolvable(_NOT_EXTRACTABLE) from None
+    if (
+        extracted.extractor != extractor
+        or extracted.extractor_version != extractor_version
+        or extracted.source_class != source_class
+    ):
+        raise _Unresolvable(_EXTRACTED_DIFFERENTLY)
+    return extracted
+
+
+# --------------------------------------------------------------------------
+# Comparing
+
+
+def _compare(text: str, start, end, content: str, context_chars: int) -> Verification:
+    if not isinstance(content, str):
+        content = ""  # nothing to match or relocate: drifts
+    in_range = _is_int(start) and _is_int(end) and 0 <= start < end <= len(text)
+    if in_range and content and text[start:end] == content:
+        return Verification(
+            status="verified",
+            reason="the cited span matches the source",
+            source_text=text[start:end],
+            context_before=text[max(0, start - context_chars) : start],
+            context_after=text[end : end + context_chars],
+            indexed_text="matches_source",
+        )
+    anchor = min(max(start, 0), len(text)) if _is_int(start) else 0
+    relocated = _relocate(text, content, anchor) if content else None
+    if relocated is not None:
+        # Re-anchored: the current text at the new location, with its context. The chunk's
+        # own offsets and content stay as indexed; ``indexed_text`` says which is which.
+        a, b = relocated.start_offset, relocated.end_offset
+        return Verification(
+            status="drifted",
+            reason="the cited span no longer matches the source; its text has moved",
+            relocated=relocated,
+            source_text=text[a:b],
+            context_before=text[max(0, a - context_chars) : a],
+            context_after=text[b : b + context_chars],
+            indexed_text="moved_in_source",
+        )
+    elif in_range:
+        reason = "the cited span no longer matches the source; its text is no longer in the source"
+    else:
+        reason = (
+            "the cited offsets are outside the current source; "
+            "its text is no longer in the source"
+        )
+    return Verification(status="drifted", reason=reason, indexed_text="not_in_source")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _relocate(text: str, content: str, anchor: int) -> Relocation | None:
+    """The occurrence of ``content`` nearest ``anchor``, found in linear time."""
+    after = text.find(content, anchor)
+    # Last occurrence starting before the anchor (overlapping ones included).
+    before = text.rfind(content, 0, anchor + len(content) - 1)
+    candidates = [p for p in (before, after) if p >= 0]
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda p: (abs(p - anchor), p))
+    new_end = best + len(content)
+    return Relocation(
+        start_offset=best,
+        end_offset=new_end,
+        line_start=line_of(text, best),
+        line_end=line_of(text, new_end - 1),
+        # Non-overlapping count: str.count is linear; overlapping repeats are rare in prose.
+        occurrences=text.count(content),
+    )
+
+
+def line_of(text: str, offset: int) -> int:
+    """1-based line holding ``offset``, counted as the chunker does."""
+    return text.count("\n", 0, offset) + 1

@@ -1,0 +1,301 @@
+"""Opening a collection read-only, and the operations that read it.
+
+Opening never writes: the SQLite file is opened with ``immutable=1`` (no
+locks, no journal, no -wal/-shm), and LanceDB is read at the version the
+file names. Nothing done at open time grows with the corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..collection import schema
+from ..collection.schema import FileIdentity  # noqa: F401  (part of the reading API)
+from .citations import verify_citation
+from ..errors import ChunkNotFound, CollectionNotFound, IndexInconsistent, NotACollection
+from .models import (
+    ChunkCitation,
+    ChunkResponse,
+    CollectionsResponse,
+    EmbeddingManifest,
+    IndexStatus,
+    SearchRequest,
+    SearchResponse,
+)
+from ..collection.names import LANCE_SUFFIX, NAME_PATTERN, SQLITE_SUFFIX, sqlite_path, validate_name
+from ..collection.vectors import open_table
+
+
+class Collection:
+    """A read-only view of one published version of a collection."""
+
+    def __init__(self, path: Path, name: str, *, base_dir: Path | None = None, embedder=None,
+                 reranker=None):
+        self.path = Path(path)
+        self.name = name
+        # Server configuration, never request fields: which models answer queries.
+        self.embedder = embedder
+        self.reranker = reranker
+        self.identity = FileIdentity.of(self.path)
+        self._conn = schema.connect_readonly(self.path)
+        self._lock = threading.RLock()
+        try:
+            schema.check_stamp(self._conn)
+            self.manifest = schema.read_manifest(self._conn)
+        except sqlite3.DatabaseError:
+            self._conn.close()
+            raise NotACollection("not a groundkit collection") from None
+        except Exception:
+            self._conn.close()
+            raise
+        self.generation = int(self.manifest.get("generation", "0"))
+        self._has_encoding = schema.has_encoding_column(self._conn)
+        self._has_stat = schema.has_stat_columns(self._conn)
+        self._vectors = None
+        self._vectors_loaded = False
+        self._vector_total = None
+        self.postings_cache: dict = {}
+        self._tie_ranks = None
+        self._chunk_total = None
+        self._protected = None
+        self.base_dir = Path(base_dir) if base_dir is not None else self._manifest_base_dir()
+
+    @classmethod
+    def open(cls, name: str, *, index_dir: str | Path = ".", base_dir: str | Path | None = None,
+             **config):
+        """Open collection ``name`` in ``index_dir``; the name is validated before any lookup."""
+        path = sqlite_path(Path(index_dir), name)
+        if not path.is_file() or path.is_symlink() and not _inside(path, Path(index_dir)):
+            raise CollectionNotFound(f"collection '{name}' not found")
+        if not schema.is_collection_file(path):
+            raise CollectionNotFound(f"collection '{name}' not found")
+        return cls(path, name, base_dir=Path(base_dir) if base_dir is not None else None, **config)
+
+    @classmethod
+    def from_path(cls, path: str | Path, *, base_dir: str | Path | None = None, **config):
+        path = Path(path)
+        if not path.name.endswith(SQLITE_SUFFIX) or not schema.is_collection_file(path):
+            raise NotACollection("not a groundkit collection")
+        name = path.name[: -len(SQLITE_SUFFIX)]
+        return cls(path, name, base_dir=base_dir, **config)
+
+    def _manifest_base_dir(self) -> Path | None:
+        rel = self.manifest.get("base_dir")
+        if rel is None:
+            return None
+        return (self.path.parent / rel).resolve()
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def is_current(self) -> bool:
+        """False once an ingest has published a newer file at the same path."""
+        try:
+            return FileIdentity.of(self.path) == self.identity
+        except FileNotFoundError:
+            return False
+
+    # -- low-level reads ------------------------------------------------------
+
+    @property
+    def protected(self) -> bool:
+        """Whether this version has (or a former one had) access lists; asked of this
+        object's own connection, so a publish cannot change the answer mid-request."""
+        if self._protected is None:
+            from ..collection.access_lists import connection_is_protected
+
+            with self._lock:
+                self._protected = connection_is_protected(self._conn)
+        return self._protected
+
+    def query(self, sql: str, params=()) -> list[tuple]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def chunk_total(self) -> int:
+        """Chunks in this version, as BM25 counted them (call under ``_lock``)."""
+        if self._chunk_total is None:
+            self._chunk_total = self._conn.execute("SELECT count(*) FROM bm25_chunk_terms").fetchone()[0]
+        return self._chunk_total
+
+    def tie_ranks(self):
+        """The BM25 tie-break order, read once per open collection (call under ``_lock``)."""
+        if self._tie_ranks is None:
+            from .bm25 import tie_ranks
+
+            self._tie_ranks = (tie_ranks(self._conn),)
+        return self._tie_ranks[0]
+
+    @property
+    def lance_path(self) -> Path:
+        return self.path.parent / (self.name + LANCE_SUFFIX)
+
+    @property
+    def embedding(self) -> EmbeddingManifest | None:
+        m = self.manifest
+        if not m.get("embedding_model"):
+            return None
+        return EmbeddingManifest(
+            provider=m["embedding_provider"],
+            model=m["embedding_model"],
+            dimensions=int(m["embedding_dimensions"]),
+        )
+
+    def vectors(self):
+        """The LanceDB table at the published version, or None for a BM25-only collection."""
+        if not self._vectors_loaded:
+            with self._lock:
+                if not self._vectors_loaded:
+                    version = self.manifest.get("lance_version")
+                    table = None
+                    if self.embedding is not None and version is not None:
+                        try:
+                            table = open_table(self.lance_path, int(version))
+                        except Exception:
+                            raise IndexInconsistent(
+                                "the collection's vector index is missing or does not match its "
+                                "documents; re-run groundkit ingest"
+                            ) from None
+                        if table is None:
+                            raise IndexInconsistent(
+                                "the collection's vector index is missing; re-run groundkit ingest"
+                            )
+                    self._vectors = table
+                    self._vectors_loaded = True
+        return self._vectors
+
+    # -- operations -----------------------------------------------------------
+
+    def search(self, request: SearchRequest | None = None, /, **fields) -> SearchResponse:
+        from .search import run_search
+
+        if request is None:
+            request = SearchRequest(**fields)
+        return run_search(self, request)
+
+    def fetch_chunk(self, chunk_id: str) -> ChunkResponse:
+        from .models import FetchChunkRequest
+
+        FetchChunkRequest(chunk_id=chunk_id)
+        rows = self.query(
+            """SELECT c.chunk_id, c.document_id, c.chunk_index, d.source, d.title, c.start_offset,
+                      c.end_offset, c.line_start, c.line_end, c.page_start, c.page_end, c.heading,
+                      c.content, c.content_hash, d.source_class, d.extractor, d.extractor_version,
+                      {encoding}
+               FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id = ?""".format(
+                encoding="d.encoding" if self._has_encoding else "NULL"),
+            (chunk_id,),
+        )
+        if not rows:
+            raise ChunkNotFound("chunk not found")  # the same words for a chunk hidden by permissions
+        r = rows[0]
+        citation = ChunkCitation(
+            chunk_id=r[0], document_id=r[1], chunk_index=r[2], source=r[3], title=r[4],
+            start_offset=r[5], end_offset=r[6], line_start=r[7], line_end=r[8], page_start=r[9],
+            page_end=r[10], heading=r[11], content=r[12], content_hash=r[13],
+        )
+        verification = verify_citation(
+            source=r[3], source_class=r[14], extractor=r[15], extractor_version=r[16],
+            start=r[5], end=r[6], content=r[12], base_dir=self.base_dir, encoding=r[17],
+        )
+        return ChunkResponse(
+            collection=self.name, generation=self.generation, chunk=citation,
+            verification=verification,
+        )
+
+    def status(self, *, embedder_check=None) -> IndexStatus:
+        documents = self.query("SELECT count(*) FROM documents")[0][0]
+        chunks = self.query("SELECT count(*) FROM chunks")[0][0]
+        terms = self.query("SELECT count(*) FROM bm25_vocab")[0][0]
+        embedding = self.embedding
+        from .search import dense_unavailable_reason
+
+        # What this server can do, not only what the manifest records.
+        reason = dense_unavailable_reason(self)
+        vectors = None
+        if embedding is not None:
+            vectors = self.vector_count()
+            if reason is None and vectors < chunks:
+                reason = (f"vectors cover {vectors} of {chunks} chunks; "
+                          "re-run groundkit ingest to embed the rest")
+        dense = reason is None
+        from .modes import available_modes
+        chunker = json.loads(self.manifest["chunker"]) if self.manifest.get("chunker") else None
+        return IndexStatus(
+            collection=self.name,
+            generation=self.generation,
+            schema_version=schema.read_stamp(self._conn)[1],
+            documents=documents,
+            chunks=chunks,
+            embedding=embedding,
+            dense_available=dense,
+            dense_unavailable_reason=reason,
+            modes=available_modes(self, reason),
+            ann_index=self.manifest.get("ann_index") or None,
+            chunker=chunker,
+            bm25_terms=terms,
+            vectors=vectors,
+        )
+
+    def vector_count(self, hidden_documents=()) -> int:
+        """Chunks of this version that have a vector, leaving out ``hidden_documents``' chunks."""
+        try:
+            table = self.vectors()
+        except IndexInconsistent:
+            return 0
+        if table is None:
+            return 0
+        if not hidden_documents:
+            if self._vector_total is None:
+                self._vector_total = table.count_rows()
+            return self._vector_total
+        hidden = set(hidden_documents)
+        ids = table.to_arrow().select(["chunk_id", "document_id"]).to_pydict()
+        with_vector = {c for c, d in zip(ids["chunk_id"], ids["document_id"]) if d not in hidden}
+        readable = {r[0] for r in self.query(
+            "SELECT chunk_id FROM chunks WHERE document_id NOT IN (SELECT value FROM json_each(?))",
+            (json.dumps(sorted(hidden)),),
+        )}
+        return len(with_vector & readable)
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    real = path.resolve()
+    root = directory.resolve()
+    return real.parent == root
+
+
+def list_collections(index_dir: str | Path) -> CollectionsResponse:
+    """Names of the collections in ``index_dir``, checked from their headers without writing."""
+    root = Path(index_dir)
+    names = []
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except (FileNotFoundError, NotADirectoryError):
+        return CollectionsResponse(collections=[])
+    for entry in entries:
+        if not entry.name.endswith(SQLITE_SUFFIX):
+            continue
+        name = entry.name[: -len(SQLITE_SUFFIX)]
+        if not NAME_PATTERN.fullmatch(name):
+            continue
+        path = Path(entry.path)
+        if entry.is_symlink() and not _inside(path, root):
+            continue
+        if path.is_file() and schema.is_collection_file(path):
+            names.append(name)
+    return CollectionsResponse(collections=names)
+
+
+__all__ = ["Collection", "list_collections", "validate_name"]

@@ -1,0 +1,381 @@
+"""BM25, dense, hybrid and reranked search over one open collection."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import bm25
+from ..errors import (
+    DenseUnavailable,
+    EmbedderError,
+    EmbedderMismatch,
+    InvalidRequest,
+    RerankNotConfigured,
+    RerankerError,
+)
+from ..collection.vectors import ANN_EF, ANN_REFINE
+from .models import MAX_TOP_K, SearchRequest, SearchResponse
+
+from .modes import HYBRID_DEPTH, RRF_K, fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
+_GLOB_CHARS = set("*?[")
+
+_embedders: dict[str, object] = {}
+_embedders_lock = threading.Lock()
+
+
+def query_embedder(collection, *, probe: bool = True):
+    """The embedder that turns queries into vectors for ``collection``; checked against its manifest.
+
+    ``probe=False`` never calls out: an endpoint whose width is not configured yet is
+    checked by provider and model only (its first reply checks the width).
+    """
+    manifest = collection.embedding
+    embedder = collection.embedder
+    if embedder is None:
+        name = collection.manifest.get("embedder")
+        with _embedders_lock:
+            embedder = _embedders.get(name)
+            if embedder is None:
+                from ..embedding.embedders import get_embedder
+
+                try:
+                    embedder = get_embedder(name)
+                except EmbedderError:
+                    raise DenseUnavailable(
+                        f"this server has no embedder '{name}' for the collection's queries; "
+                        "use mode bm25 or pass a query vector"
+                    ) from None
+                _embedders[name] = embedder
+    known = probe or getattr(embedder, "_dimensions", 0) is not None
+    got = (embedder.provider, embedder.model_name,
+           int(embedder.dimensions) if known else manifest.dimensions)
+    want = (manifest.provider, manifest.model, manifest.dimensions)
+    if got != want:
+        raise EmbedderMismatch(
+            f"the server's embedder {got[0]}/{got[1]} ({got[2]} dimensions) does not match the "
+            f"collection's {want[0]}/{want[1]} ({want[2]} dimensions)"
+        )
+    return embedder
+
+
+def dense_unavailable_reason(collection) -> str | None:
+    """Why this server cannot run dense queries on ``collection``, or None when it can:
+    the collection has vectors, and an embedder here matches its manifest and is installed."""
+    if collection.embedding is None:
+        return "the collection was built without embeddings"
+    try:
+        embedder = query_embedder(collection, probe=False)
+        check = getattr(embedder, "check_available", None)
+        if check is not None:
+            check()
+    except (DenseUnavailable, EmbedderError) as exc:
+        return str(exc)
+    return None
+
+
+def _filter_sql(request: SearchRequest):
+    clauses, params = [], []
+    if request.source:
+        if _GLOB_CHARS & set(request.source):
+            clauses.append("d.source GLOB ?")
+            params.append(request.source)
+        else:
+            clauses.append("substr(d.source, 1, ?) = ?")
+            params += [len(request.source), request.source]
+    if request.document_id:
+        clauses.append("d.document_id = ?")
+        params.append(request.document_id)
+    return clauses, params
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The chunks a search may return, decided before anything is scored or truncated.
+
+    ``exclude`` flips the polarity: the rows and documents listed are the ones
+    *not* allowed (permissions alone usually hide few documents, so listing
+    those is the smaller set).
+    """
+
+    rows: np.ndarray  # sorted chunk row ids
+    documents: list[str]
+    exclude: bool = False
+    # Sorted row ids hidden by the reader's permissions (not by the request's filters):
+    # BM25 computes IDF without them.
+    hidden: np.ndarray | None = None
+
+    def mask(self, ids: np.ndarray) -> np.ndarray:
+        return np.isin(ids, self.rows, invert=self.exclude)
+
+    def lance_where(self) -> str | None:
+        if not self.documents:
+            return None if self.exclude else "false"
+        quoted = ",".join("'" + d.replace("'", "''") + "'" for d in self.documents)
+        return f"document_id {'NOT IN' if self.exclude else 'IN'} ({quoted})"
+
+    def count(self, total: int) -> int:
+        return total - int(self.rows.size) if self.exclude else int(self.rows.size)
+
+
+def _allowed(collection, request, access=None) -> Allowed | None:
+    """The chunks passing the request's filters and the reader's permissions; None: all of them."""
+    clauses, params = _filter_sql(request)
+    if access is not None and not access.hidden_documents:
+        access = None
+    if not clauses and access is None:
+        return None
+    hidden_rows = None
+    if access is not None:
+        hidden_documents = list(access.hidden_documents)
+        rows = collection.query(
+            "SELECT id FROM chunks WHERE document_id IN (SELECT value FROM json_each(?))",
+            [json.dumps(hidden_documents)],
+        )
+        hidden_rows = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+    if not clauses:
+        return Allowed(hidden_rows, hidden_documents, exclude=True, hidden=hidden_rows)
+    if access is not None:
+        clauses.append(access.sql)
+        params += list(access.params)
+    rows = collection.query(
+        "SELECT c.id, c.document_id FROM chunks c JOIN documents d USING (document_id) WHERE "
+        + " AND ".join(clauses),
+        params,
+    )
+    ids = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+    return Allowed(ids, sorted({r[1] for r in rows}), hidden=hidden_rows)
+
+
+def _bm25_ranked(collection, query, depth, allowed):
+    """Top ``depth`` as ``[(chunk_id, score)]``; ties broken by chunk content hash."""
+    hidden = allowed.hidden if allowed is not None else None
+    with collection._lock:
+        total = collection.chunk_total() if hidden is not None else None
+        ids, scores = bm25.score(collection._conn, query, collection.postings_cache, hidden, total)
+        ranks = collection.tie_ranks()
+    if allowed is not None and ids.size:
+        keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
+        ids, scores = ids[keep], scores[keep]
+    if not ids.size:
+        return []
+    if ids.size > depth:
+        kth = np.partition(scores, ids.size - depth)[ids.size - depth]
+        sel = scores >= kth
+        ids, scores = ids[sel], scores[sel]
+    if ranks is not None:
+        order = np.lexsort((ranks[ids], -scores))[:depth]
+        ids, scores = ids[order], scores[order]
+        marks = ",".join("?" * ids.size)
+        chunk_ids = dict(
+            collection.query(f"SELECT id, chunk_id FROM chunks WHERE id IN ({marks})",
+                             [int(i) for i in ids])
+        )
+        return [(chunk_ids[int(i)], float(s)) for i, s in zip(ids, scores)]
+    # Collections written before the tie order was stored: look the hashes up.
+    marks = ",".join("?" * ids.size)
+    meta = dict(
+        (r[0], (r[1], r[2]))
+        for r in collection.query(
+            f"SELECT id, chunk_id, content_hash FROM chunks WHERE id IN ({marks})",
+            [int(i) for i in ids],
+        )
+    )
+    ranked = sorted(
+        ((float(s), meta[int(i)][1], meta[int(i)][0]) for i, s in zip(ids, scores)),
+        key=lambda t: (-t[0], t[1]),
+    )
+    return [(chunk_id, score) for score, _h, chunk_id in ranked[:depth]]
+
+
+def _dense_ranked(collection, vector, depth, allowed):
+    table = collection.vectors()
+    if table is None:
+        raise DenseUnavailable("the collection has no vectors; use mode bm25")
+    q = table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
+    q = q.distance_type("cosine").limit(depth).select(["chunk_id", "_distance"])
+    if collection.manifest.get("ann_index"):
+        # LanceDB needs ef >= the candidates it refines (depth x refine factor).
+        q = q.ef(max(ANN_EF, depth * ANN_REFINE)).refine_factor(ANN_REFINE)
+    where = allowed.lance_where() if allowed is not None else None
+    if where == "false":
+        return []
+    if where is not None:
+        # A prefilter: the nearest neighbours are searched among allowed rows only.
+        q = q.where(where, prefilter=True)
+    result = q.to_arrow().to_pydict()
+    return [(cid, 1.0 - float(dist)) for cid, dist in zip(result["chunk_id"], result["_distance"])]
+
+
+def _dense_complete(collection, ranked, depth, allowed) -> bool:
+    """Whether a dense list short of ``depth`` holds every allowed chunk.
+
+    A flat prefiltered search always does; an ANN index probing too few
+    partitions for a selective filter may not, and then the answer is False.
+    """
+    if len(ranked) >= depth:
+        return True
+    total = collection.query("SELECT count(*) FROM chunks")[0][0]
+    readable = allowed.count(total) if allowed is not None else total
+    return len(ranked) >= readable
+
+
+def _query_vector(collection, request):
+    manifest = collection.embedding
+    if manifest is None:
+        raise DenseUnavailable("the collection was built without embeddings; use mode bm25")
+    if request.vector is not None:
+        if len(request.vector) != manifest.dimensions:
+            raise InvalidRequest(
+                f"vector has {len(request.vector)} dimensions; the collection's embeddings have "
+                f"{manifest.dimensions}"
+            )
+        vec = np.asarray(request.vector, dtype=np.float32)
+        norm = float(np.linalg.norm(vec))
+        if norm == 0.0:
+            raise InvalidRequest("vector must not be all zeros")
+        return vec / norm
+    return query_embedder(collection).embed_query(request.query)
+
+
+def _hits(collection, ranked, components):
+    if not ranked:
+        return []
+    ids = [cid for cid, _ in ranked]
+    marks = ",".join("?" * len(ids))
+    stat = "d.source_size, d.source_mtime_ns" if collection._has_stat else "NULL, NULL"
+    rows = {
+        r[0]: r
+        for r in collection.query(
+            f"""SELECT c.chunk_id, c.document_id, d.source, d.title, c.start_offset, c.end_offset,
+                       c.line_start, c.line_end, c.page_start, c.page_end, c.heading, c.content,
+                       {stat}
+                FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id IN ({marks})""",
+            ids,
+        )
+    }
+    changed = _source_changed(collection, rows.values())
+    hits = []
+    for rank, (cid, score) in enumerate(ranked, 1):
+        r = rows.get(cid)
+        if r is None:  # a vector without its chunk row: never serve a half-consistent hit
+            from ..errors import IndexInconsistent
+
+            raise IndexInconsistent(
+                "the collection's vectors and chunks disagree; re-run groundkit ingest"
+            )
+        hits.append(
+            dict(
+                rank=rank, score=score, chunk_id=cid, document_id=r[1], source=r[2], title=r[3],
+                start_offset=r[4], end_offset=r[5], line_start=r[6], line_end=r[7],
+                page_start=r[8], page_end=r[9], heading=r[10], content=r[11],
+                components=components.get(cid, {}),
+                source_changed=changed[r[1]],
+            )
+        )
+    return hits
+
+
+def _source_changed(collection, rows) -> dict:
+    """document_id -> whether its file's size or mtime differs from ingest's record: one
+    ``stat`` per distinct document of the hit list (cost in docs/performance.md)."""
+    from .citations import sources_changed
+
+    docs = {r[1]: (r[2], r[12], r[13]) for r in rows}
+    return dict(zip(docs, sources_changed(collection.base_dir, docs.values())))
+
+
+def run_search(collection, request: SearchRequest, access=None) -> SearchResponse:
+    """``access`` (acl.Access) restricts the search to one reader's documents.
+
+    The mode (modes.py) only ranks; the reader's permissions and the request's filters are
+    applied here, before ranking for the built-in rankers and again to whatever a mode
+    returns, so no mode can hand out a chunk the reader may not see.
+    """
+    from .modes import BUILTIN_MODES, RankContext, registered_modes
+
+    started = time.perf_counter()
+    modes = registered_modes()
+    name = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
+    mode = modes[name]
+    if not mode.needs_vectors and request.vector is not None:  # no mode given, BM25-only collection
+        raise DenseUnavailable("the collection was built without embeddings; a query vector "
+                               "cannot be used")
+    if request.rerank and collection.reranker is None:
+        raise RerankNotConfigured("reranking was requested but no reranker is configured")
+    depth = MAX_TOP_K if request.rerank else request.top_k
+    # Plain dicts: SearchResponse validates every hit in one pass of pydantic-core.
+    ctx = RankContext(collection, request, depth, _allowed(collection, request, access))
+    ranked = mode.rank(ctx)
+    if mode not in BUILTIN_MODES:  # the built-in rankers filter before ranking
+        ranked = _only_allowed(collection, ranked, ctx.allowed)
+    ranked = ranked[:depth]
+
+    rerank_model = rerank_depth = None
+    if request.rerank:
+        ranked, rerank_model, rerank_depth = ctx.timed(
+            "rerank_ms", _rerank, collection, request.query, ranked, ctx.components
+        )
+    ranked = ranked[: request.top_k]
+    hits = _hits(collection, ranked, ctx.components)
+    ctx.timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    return SearchResponse(
+        collection=collection.name,
+        mode=name,
+        generation=collection.generation,
+        top_k=request.top_k,
+        reranked=request.rerank,
+        rerank_model=rerank_model,
+        rerank_depth=rerank_depth,
+        complete=ctx.complete,
+        timings_ms=ctx.timings,
+        hits=hits,
+    )
+
+
+def _only_allowed(collection, ranked, allowed):
+    """``ranked`` without chunks outside ``allowed`` (built-in rankers never return any; a
+    plugin's mode is held to the same rule here). Unknown chunk ids are dropped too."""
+    if not ranked:
+        return []
+    ids = [cid for cid, _ in ranked]
+    marks = ",".join("?" * len(ids))
+    rows = dict(collection.query(f"SELECT chunk_id, id FROM chunks WHERE chunk_id IN ({marks})", ids))
+    if allowed is None:
+        return [(cid, s) for cid, s in ranked if cid in rows]
+    known = [(cid, s) for cid, s in ranked if cid in rows]
+    keep = allowed.mask(np.asarray([rows[cid] for cid, _ in known], dtype=np.int64))
+    return [pair for pair, ok in zip(known, keep) if ok]
+
+
+def _rerank(collection, query, ranked, components):
+    reranker = collection.reranker
+    if not ranked:
+        return [], reranker.model_name, 0
+    ids = [cid for cid, _ in ranked]
+    marks = ",".join("?" * len(ids))
+    rows = dict(
+        (r[0], (r[1], r[2]))
+        for r in collection.query(
+            f"SELECT chunk_id, content, content_hash FROM chunks WHERE chunk_id IN ({marks})", ids
+        )
+    )
+    texts = [rows[cid][0] for cid in ids]
+    try:
+        scores = reranker.score(query, texts)
+    except RerankerError:
+        raise
+    except Exception:
+        raise RerankerError("the reranker failed") from None
+    if len(scores) != len(ids):
+        raise RerankerError("the reranker returned the wrong number of scores")
+    order = sorted(range(len(ids)), key=lambda i: (-float(scores[i]), rows[ids[i]][1]))
+    out = []
+    for i in order:
+        components.setdefault(ids[i], {})["rerank"] = {"score": float(scores[i])}
+        out.append((ids[i], float(scores[i])))
+    return out, reranker.model_name, len(ids)

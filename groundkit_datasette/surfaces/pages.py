@@ -1,0 +1,386 @@
+"""HTML pages: each is a rendering of one tool-table operation.
+
+Pages reach collections only through ``service.call_tool``, like the JSON API and
+MCP, so permissions, validation and the error mapping are the same on every surface.
+Everything here prepares display values; the templates only lay them out.
+"""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from pathlib import Path
+
+from datasette.utils import tilde_encode
+from datasette.utils.asgi import Response
+from markupsafe import Markup, escape
+
+from ..retrieval.bm25 import STOP_WORDS, tokenize
+from .service import ToolContext, call_tool
+from .tools import BUILTIN_TOOLS, Tool, all_tools
+
+_FORM_FIELDS = {"q": "query", "mode": "mode", "top_k": "top_k", "rerank": "rerank",
+                "source": "source"}
+SNIPPET_CHARS = 360
+_STATIC_DIR = Path(__file__).parent / "plugin" / "static"
+NO_RERANKER = "no reranker is configured on this server"
+CONTEXT_CHARS = 400  # verify_citation's default context on each side
+
+
+def _arguments(tool: Tool, request) -> tuple[dict, bool]:
+    """Request arguments from the page's query string; ``False`` when the form was not submitted."""
+    args = {}
+    if tool.name == "search":
+        for param, field in _FORM_FIELDS.items():
+            value = request.args.get(param)
+            if value not in (None, ""):
+                args[field] = value
+        # A submitted empty box is a validation error to show, not a blank form.
+        submitted = "q" in request.args
+        if submitted and "query" not in args:
+            args["query"] = ""
+        if "rerank" in args:
+            args["rerank"] = args["rerank"] in ("1", "on", "true")
+        return args, submitted
+    if tool.name == "verify_quote":
+        return _quote_arguments(request)
+    if tool in BUILTIN_TOOLS:
+        return args, True
+    # A plugin's tool: its request fields, taken by name from the query string.
+    fields = tool.request_model.model_fields
+    for name in fields:
+        if name in request.args and name not in tool.path_params:
+            args[name] = request.args[name]
+    required = [n for n, f in fields.items() if f.is_required() and n not in tool.path_params]
+    return args, bool(args) or not required
+
+
+def _quote_arguments(request) -> tuple[dict, bool]:
+    """The quote page's form: one quote, optionally attributed to a source or a chunk."""
+    if "quote" not in request.args:
+        return {}, False
+    quote = {"text": request.args.get("quote", "")}
+    for field in ("source", "chunk_id"):
+        if request.args.get(field):
+            quote[field] = request.args[field]
+    return {"quotes": [quote]}, True
+
+
+def _tool_named(name: str) -> Tool:
+    for tool in all_tools():
+        if tool.name == name:
+            return tool
+    raise LookupError(name)
+
+
+async def _status(ctx: ToolContext, collection: str):
+    """``index_status`` through the table, so a page never reads a collection another way."""
+    return await call_tool(_tool_named("index_status"), ctx, collection, {})
+
+
+def _static_url(datasette, filename: str) -> str | None:
+    """URL of one of our static files; the mount name depends on how the plugin was loaded."""
+    name = getattr(datasette, "_groundkit_static_name", False)
+    if name is False:
+        from datasette.plugins import get_plugins
+
+        name = None
+        for plugin in get_plugins():
+            path = plugin.get("static_path")
+            if path and Path(path).resolve() == _STATIC_DIR.resolve():
+                name = plugin["name"]
+                break
+        datasette._groundkit_static_name = name
+    return datasette.urls.static_plugins(name, filename) if name else None
+
+
+# -- highlighting -----------------------------------------------------------------
+
+_WORD = re.compile(r"\w+")
+_BLANK_LINES = re.compile(r"\n[ \t]*(?:\n[ \t]*)+")
+
+
+class QueryTerms:
+    """Which words of a text a query matches: its own words, or crudely, by stem prefix."""
+
+    def __init__(self, query: str):
+        self.words = {w for w in _WORD.findall(query.lower()) if w not in STOP_WORDS}
+        self.stems = {s for s in tokenize(query) if s}
+        self._cache: dict[str, bool] = {}
+
+    def __bool__(self):
+        return bool(self.words or self.stems)
+
+    def matches(self, word: str) -> bool:
+        lw = word.lower()
+        hit = self._cache.get(lw)
+        if hit is None:
+            if lw in self.words:
+                hit = True
+            else:
+                stem = tokenize(lw)
+                hit = bool(stem) and any(
+                    stem[0] == s or (len(s) >= 3 and stem[0].startswith(s)) for s in self.stems
+                )
+            self._cache[lw] = hit
+        return hit
+
+
+def highlight(text: str, terms: QueryTerms | None, limit: int | None = None) -> Markup:
+    """``text`` escaped, matching words wrapped in <mark>; cut to ``limit`` chars around the first match."""
+    text = text or ""
+    spans = [m.span() for m in _WORD.finditer(text) if terms and terms.matches(m.group())]
+    start, end = 0, len(text)
+    if limit and len(text) > limit:
+        first = spans[0][0] if spans else 0
+        start = max(0, first - limit // 3)
+        if start:
+            space = text.rfind(" ", 0, start)
+            start = space + 1 if space > start - 40 else start
+        end = min(len(text), start + limit)
+        if end < len(text):
+            space = text.find(" ", end)
+            end = space if 0 <= space < end + 40 else end
+    out = [Markup("…")] if start else []
+    pos = start
+    for s, e in spans:
+        if s < start or e > end:
+            continue
+        out += [escape(text[pos:s]), Markup("<mark>"), escape(text[s:e]), Markup("</mark>")]
+        pos = e
+    out.append(escape(text[pos:end]))
+    if end < len(text):
+        out.append(Markup("…"))
+    return Markup("").join(out)
+
+
+# -- display helpers ----------------------------------------------------------------
+
+
+def span_label(kind: str, start, end) -> str:
+    if start is None:
+        return ""
+    if end is None or end == start:
+        return f"{kind} {start}"
+    return f"{kind}s {start}–{end}"
+
+
+def citation_text(chunk) -> str:
+    """One line a person can paste: where the text is, which chunk, under which heading."""
+    where = f"{chunk.source}:{chunk.line_start}"
+    if chunk.line_end != chunk.line_start:
+        where += f"-{chunk.line_end}"
+    parts = [where]
+    if chunk.page_start is not None:
+        parts.append(f"(p. {chunk.page_start}" + (
+            f"-{chunk.page_end})" if chunk.page_end not in (None, chunk.page_start) else ")"))
+    parts.append(f"[{chunk.chunk_id}]")
+    if chunk.heading:
+        parts.append(f'"{chunk.heading}"')
+    return " ".join(parts)
+
+
+def _components(hit) -> list[dict]:
+    return [
+        {"name": name, "rank": c.rank, "score": f"{c.score:.4g}"}
+        for name, c in hit.components.items()
+    ]
+
+
+def _mode_options(status, selected: str | None) -> list[dict]:
+    """Every registered mode; those this server cannot run here are shown disabled."""
+    from ..retrieval.modes import registered_modes
+
+    available = set(status.modes) if status is not None else {"bm25"}
+    reason = (status.dense_unavailable_reason if status else None) or "dense search is unavailable"
+    return [
+        {"value": m.name, "label": m.name, "selected": m.name == selected,
+         "disabled": m.name not in available,
+         "reason": reason if m.name not in available else None}
+        for m in registered_modes().values()
+    ]
+
+
+def _search_form(datasette, collection: str, status, arguments: dict, response, reranker: bool):
+    """Values for the search form: echo the request, default the mode like the service does."""
+    from ..retrieval.modes import mode_names
+
+    mode = arguments.get("mode")
+    if mode not in mode_names():
+        mode = response.mode if response else (
+            "hybrid" if status and status.dense_available else "bm25")
+    options = _mode_options(status, mode)
+    top_k = arguments.get("top_k", "")
+    return {
+        "action": datasette.urls.path(_tool_named("search").path_for_html(collection=collection)),
+        "q": arguments.get("query", ""),
+        "mode": mode,
+        "modes": options,
+        "dense_reason": next((o["reason"] for o in options if o["disabled"]), None),
+        "top_k": top_k,
+        "max_top_k": _settings(datasette).max_top_k,
+        "max_query_chars": _settings(datasette).max_query_chars,
+        "source": arguments.get("source", ""),
+        "rerank": bool(arguments.get("rerank")),
+        "rerank_available": reranker,
+        "rerank_reason": None if reranker else NO_RERANKER,
+    }
+
+
+def _settings(datasette):
+    from .service import settings_for
+
+    return settings_for(datasette)
+
+
+def _chunk_url(datasette, collection: str, chunk_id: str) -> str:
+    path = _tool_named("fetch_chunk").path_for_html(
+        collection=collection, chunk_id=urllib.parse.quote(chunk_id, safe=""))
+    return datasette.urls.path(path)
+
+
+# -- per-page context -----------------------------------------------------------------
+
+
+async def _collections_context(datasette, request, ctx, response, arguments, status=None):
+    rows = []
+    for name in (response.collections if response else []):
+        status, error = await _status(ctx, name)
+        rows.append({
+            "name": name,
+            "status": status,
+            "error": error,
+            "status_url": datasette.urls.path(
+                _tool_named("index_status").path_for_html(collection=name)),
+            "search_url": datasette.urls.path(
+                _tool_named("search").path_for_html(collection=name)),
+            "database_url": datasette.urls.database(name),
+        })
+    return {"rows": rows}
+
+
+async def _status_context(datasette, request, ctx, response, arguments, status=None):
+    collection = request.url_vars["collection"]
+    reranker = ctx.registry.reranker_configured
+    return {
+        "status": response,
+        "form": _search_form(datasette, collection, response, {}, None, reranker),
+        "database_url": datasette.urls.database(collection),
+        "documents_url": datasette.urls.table(collection, "documents"),
+        "chunks_url": datasette.urls.table(collection, "chunks"),
+    }
+
+
+async def _search_context(datasette, request, ctx, response, arguments, status=None):
+    collection = request.url_vars["collection"]
+    terms = QueryTerms(arguments.get("query") or "")
+    hits = []
+    for hit in (response.hits if response else []):
+        hits.append({
+            "hit": hit,
+            "title": hit.title or hit.source,
+            "url": _chunk_url(datasette, collection, hit.chunk_id),
+            "lines": span_label("line", hit.line_start, hit.line_end),
+            "pages": span_label("page", hit.page_start, hit.page_end),
+            "score": f"{hit.score:.4g}",
+            "components": _components(hit),
+            # Blank lines collapsed: the snippet keeps line breaks but stays short.
+            "snippet": highlight(_BLANK_LINES.sub("\n", hit.content), terms, SNIPPET_CHARS),
+        })
+    return {
+        "status": status,
+        "hits": hits,
+        "form": _search_form(datasette, collection, status, arguments, response,
+                             ctx.registry.reranker_configured),
+    }
+
+
+async def _chunk_context(datasette, request, ctx, response, arguments, status=None):
+    if response is None:
+        return {}
+    collection = request.url_vars["collection"]
+    chunk = response.chunk
+    v = response.verification
+    own = _chunk_url(datasette, collection, chunk.chunk_id)
+    context_before = v.context_before or ""
+    return {
+        "chunk": chunk,
+        "verification": v,
+        "lines": span_label("line", chunk.line_start, chunk.line_end),
+        "pages": span_label("page", chunk.page_start, chunk.page_end),
+        "permalink": datasette.absolute_url(request, own),
+        "citation": citation_text(chunk),
+        # Context is cut at a fixed width: mark the cut unless it reached the file's start.
+        "before_cut": len(context_before) >= CONTEXT_CHARS
+        and chunk.start_offset > len(context_before),
+        "after_cut": len(v.context_after or "") >= CONTEXT_CHARS,
+        "relocated_lines": span_label("line", v.relocated.line_start, v.relocated.line_end)
+        if v.relocated else None,
+        "chunk_row_url": datasette.urls.table(collection, "chunks")
+        + "?" + urllib.parse.urlencode({"chunk_id": chunk.chunk_id}),
+        "document_url": datasette.urls.row(collection, "documents", tilde_encode(chunk.document_id)),
+        "search_url": datasette.urls.path(_tool_named("search").path_for_html(collection=collection)),
+    }
+
+
+_CONTEXT = {
+    "list_collections": _collections_context,
+    "index_status": _status_context,
+    "search": _search_context,
+    "fetch_chunk": _chunk_context,
+}
+
+
+def html_view(tool: Tool):
+    async def view(datasette, request):
+        from .service import registry_for
+
+        registry = registry_for(datasette)
+        ctx = ToolContext(registry, request.actor, "html")
+        collection = request.url_vars.get("collection")
+        arguments, submitted = _arguments(tool, request)
+        for param in tool.path_params:
+            arguments[param] = request.url_vars[param]
+        response = error = status = None
+        extra = {}
+        if tool.name == "search" and collection is not None:
+            # The form needs dense availability; a missing collection fails here, as a 404.
+            status, error = await _status(ctx, collection)
+            if status is not None and not status.dense_available and "mode" not in arguments:
+                arguments["mode"] = "bm25"  # the one mode that works here (the form shows it)
+        if error is None and submitted:
+            response, error = await call_tool(tool, ctx, collection, arguments)
+        builder = _CONTEXT.get(tool.name) if tool in BUILTIN_TOOLS else None
+        # The search form stays up beside its error, to correct the request.
+        if builder is not None and (error is None or tool.name == "search"):
+            extra = await builder(datasette, request, ctx, response, arguments, status)
+        context = {
+            "tool": tool,
+            "collection": collection,
+            "result": response,
+            "error": error,
+            "request_id": ctx.request_id,
+            "arguments": arguments,
+            "submitted": submitted,
+            "reranker_configured": registry.reranker_configured,
+            "status": status,
+            "groundkit_css": _static_url(datasette, "groundkit.css"),
+            "groundkit_js": _static_url(datasette, "groundkit.js"),
+            "collections_url": datasette.urls.path(
+                _tool_named("list_collections").path_for_html()),
+            **extra,
+        }
+        html = await datasette.render_template(
+            [tool.template or "groundkit_tool.html"], context, request=request
+        )
+        code = error.status if error is not None else 200
+        out = Response.html(html, status=code)
+        out.headers["X-Request-ID"] = ctx.request_id
+        if code == 503:
+            from .service import BUSY_RETRY_AFTER
+
+            out.headers["Retry-After"] = str(BUSY_RETRY_AFTER)
+        return out
+
+    view.__name__ = f"groundkit_{tool.name}_html"
+    return view

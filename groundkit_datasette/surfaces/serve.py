@@ -1,0 +1,148 @@
+"""``groundkit serve``: Datasette with the plugin, on loopback, every collection immutable.
+
+The same Datasette a user would start by hand (``datasette -i x.sqlite3``), built
+here so nobody needs its command line: the collections named (files, names or
+index directories) are attached immutably, the plugin's start-up checks run
+before the socket opens, and the URL is printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from pathlib import Path
+
+import click
+
+from ..errors import GroundkitError
+from ..collection.names import SQLITE_SUFFIX, resolve_collection_arg
+
+LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
+
+
+def collection_files(targets, index_dir: str = ".") -> list[Path]:
+    """The collection files ``targets`` name: directories give all their collections."""
+    from ..retrieval.collection import list_collections
+    from ..collection.schema import is_collection_file
+
+    files: list[Path] = []
+    for target in targets or (index_dir,):
+        path = Path(target)
+        if path.is_dir():
+            names = list_collections(path).collections
+            if not names:
+                raise click.UsageError(f"no groundkit collections in {target}")
+            files += [path / f"{name}{SQLITE_SUFFIX}" for name in names]
+            continue
+        try:
+            directory, name = resolve_collection_arg(str(target), Path(index_dir))
+        except GroundkitError as exc:
+            raise click.UsageError(f"{target}: {exc}") from None
+        file = directory / f"{name}{SQLITE_SUFFIX}"
+        if not file.is_file():
+            raise click.UsageError(f"{target}: no such collection")
+        if not is_collection_file(file):
+            raise click.UsageError(f"{target}: not a groundkit collection")
+        files.append(file)
+    seen: dict[str, Path] = {}
+    for file in files:
+        name = file.name[: -len(SQLITE_SUFFIX)]
+        if name in seen and seen[name].resolve() != file.resolve():
+            raise click.UsageError(f"two collections are named {name}; serve them separately")
+        seen[name] = file
+    return list(dict.fromkeys(seen.values()))
+
+
+def is_loopback_host(host: str) -> bool:
+    from ..security.boundary import loopback_ip
+
+    return host.strip().lower() in ("localhost",) or loopback_ip(host.strip("[]"))
+
+
+def serve_metadata(files: list[Path], metadata: dict, base_dir: str | None) -> dict:
+    """The caller's metadata, with a title, a line per collection and the plugin settings."""
+    config = dict(metadata or {})
+    names = [f.name[: -len(SQLITE_SUFFIX)] for f in files]
+    config.setdefault("title", "groundkit: " + ", ".join(names))
+    config.setdefault("description", "Search and cite your documents. Every collection is "
+                                     "served read-only; re-ingest and reload to see new files.")
+    databases = dict(config.get("databases") or {})
+    for name in names:
+        db = dict(databases.get(name) or {})
+        db.setdefault("description", f"groundkit collection {name}: documents and chunks")
+        databases[name] = db
+    config["databases"] = databases
+    plugins = dict(config.get("plugins") or {})
+    settings = dict(plugins.get("groundkit") or {})
+    if base_dir is not None:
+        settings["base_dir"] = base_dir
+    plugins["groundkit"] = settings
+    config["plugins"] = plugins
+    return config
+
+
+def url_for(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}/-/groundkit"
+
+
+def run(targets, *, index_dir=".", host="127.0.0.1", port=8001, open_browser=False,
+        metadata_file=None, base_dir=None) -> None:
+    from datasette.app import Datasette
+    from datasette.utils import BadMetadataError, parse_metadata
+
+    try:
+        metadata = dict(parse_metadata(metadata_file.read()) or {}) if metadata_file else {}
+    except BadMetadataError as exc:
+        raise click.BadParameter(str(exc), param_hint="--metadata") from None
+    settings = (metadata.get("plugins") or {}).get("groundkit") or {}
+    if not is_loopback_host(host) and settings.get("allow_remote_access") is not True:
+        raise click.UsageError(
+            f"--host {host} is not a loopback address: to publish collections, set "
+            "plugins.groundkit.allow_remote_access and authentication in --metadata "
+            "(see docs/deployment.md)"
+        )
+    files = collection_files(targets, index_dir)
+    config = serve_metadata(files, metadata, base_dir)
+    ds = Datasette(files=[], immutables=[str(f) for f in files], metadata=config)
+    # Start-up now, as `datasette serve` does: a bad setting stops here with one message.
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    loop.run_until_complete(ds.invoke_startup())
+
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(ds.app(), host=host, port=port, log_level="info",
+                                           lifespan="on", workers=1))
+    url = url_for(host, port)
+    names = ", ".join(f.name[: -len(SQLITE_SUFFIX)] for f in files)
+    click.echo(f"Serving {names} at {url}  (Ctrl-C to stop)")
+    sys.stdout.flush()
+    if open_browser:
+        threading.Thread(target=_open_when_up, args=(server, url), daemon=True).start()
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the
+    # handler that was there before: make that an ordinary exit, status 0.
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+
+
+def _open_when_up(server, url: str) -> None:
+    import time
+    import webbrowser
+
+    while not server.started and not server.should_exit:
+        time.sleep(0.1)
+    if server.should_exit:
+        return
+    try:
+        webbrowser.get()
+    except webbrowser.Error:
+        click.echo("No browser found here; open the URL above yourself.", err=True)
+        return
+    webbrowser.open(url)
