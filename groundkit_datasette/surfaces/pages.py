@@ -22,7 +22,7 @@ from .tools import BUILTIN_TOOLS, Tool, all_tools
 _FORM_FIELDS = {"q": "query", "mode": "mode", "top_k": "top_k", "rerank": "rerank",
                 "source": "source"}
 SNIPPET_CHARS = 360
-_STATIC_DIR = Path(__file__).parent / "plugin" / "static"
+_STATIC_DIR = Path(__file__).parent.parent / "plugin" / "static"
 NO_RERANKER = "no reranker is configured on this server"
 CONTEXT_CHARS = 400  # verify_citation's default context on each side
 
