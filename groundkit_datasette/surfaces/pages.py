@@ -22,7 +22,7 @@ from .tools import BUILTIN_TOOLS, Tool, all_tools
 _FORM_FIELDS = {"q": "query", "mode": "mode", "top_k": "top_k", "rerank": "rerank",
                 "source": "source"}
 SNIPPET_CHARS = 360
-_STATIC_DIR = Path(__file__).parent / "plugin" / "static"
+_STATIC_DIR = Path(__file__).parent.parent / "plugin" / "static"
 NO_RERANKER = "no reranker is configured on this server"
 CONTEXT_CHARS = 400  # verify_citation's default context on each side
 
@@ -42,6 +42,8 @@ def _arguments(tool: Tool, request) -> tuple[dict, bool]:
         if "rerank" in args:
             args["rerank"] = args["rerank"] in ("1", "on", "true")
         return args, submitted
+    if tool.name == "verify_quote":
+        return _quote_arguments(request)
     if tool in BUILTIN_TOOLS:
         return args, True
     # A plugin's tool: its request fields, taken by name from the query string.
@@ -51,6 +53,17 @@ def _arguments(tool: Tool, request) -> tuple[dict, bool]:
             args[name] = request.args[name]
     required = [n for n, f in fields.items() if f.is_required() and n not in tool.path_params]
     return args, bool(args) or not required
+
+
+def _quote_arguments(request) -> tuple[dict, bool]:
+    """The quote page's form: one quote, optionally attributed to a source or a chunk."""
+    if "quote" not in request.args:
+        return {}, False
+    quote = {"text": request.args.get("quote", "")}
+    for field in ("source", "chunk_id"):
+        if request.args.get(field):
+            quote[field] = request.args[field]
+    return {"quotes": [quote]}, True
 
 
 def _tool_named(name: str) -> Tool:
