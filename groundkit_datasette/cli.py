@@ -133,14 +133,20 @@ class _Progress:
 @click.option("--verbose", "-v", "list_all", is_flag=True,
               help="List every skipped and failed file with its reason.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--watch", is_flag=True,
+              help="Keep running: re-ingest after every batch of changes to PATHS (one new "
+                   "generation per batch, deleted files removed) until Ctrl-C or SIGTERM.")
+@click.option("--debounce", default=300, show_default=True, type=click.IntRange(10, 60000),
+              metavar="MS", help="With --watch: quiet time in milliseconds before a batch runs.")
 @click.pass_context
 def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_option, chunk_size,
-           chunk_overlap, exclude, group_readable, list_all, as_json):
+           chunk_overlap, exclude, group_readable, list_all, as_json, watch, debounce):
     """Ingest files and directories into a collection (incremental).
 
     Exits 0 when every file was ingested or skipped, 1 when some files failed (the rest are
     published), 3 when files failed and none was written, 2 on a usage error or a refusal
-    (nothing is written).
+    (nothing is written). With --watch: one line (or JSON object) per batch, exit 0 when
+    stopped by Ctrl-C or SIGTERM.
     """
     from .collection.ingest import Indexer
 
@@ -161,9 +167,12 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
             exclude=exclude,
-            progress=_Progress(),
+            progress=None if watch else _Progress(),
             group_readable=group_readable,
         )
+        if watch:
+            _watch(indexer, paths, debounce, as_json)
+            return
         report = indexer.ingest(paths)
     except GroundkitError as error:
         _fail(error, EXIT_USAGE)  # refused before publishing: nothing was written
@@ -177,6 +186,16 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
         _print_ingest_summary(report, path, list_all or (ctx.obj or {}).get("verbose", 0) > 0)
     if report.failed:
         sys.exit(INGEST_ALL_FAILED if report.written == 0 else INGEST_SOME_FAILED)
+
+
+def _watch(indexer, paths, debounce: int, as_json: bool) -> None:
+    from .collection.watch import watch
+
+    def as_json_line(number, changes, report):
+        click.echo(json.dumps({"batch": number, "changes": changes, **report.as_dict()}))
+
+    watch(indexer, paths, debounce_ms=debounce, echo=click.echo,
+          on_batch=as_json_line if as_json else None)
 
 
 def _print_ingest_summary(report, path: Path, list_all: bool) -> None:

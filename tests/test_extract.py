@@ -163,7 +163,7 @@ def test_other_skips(tmp_path):
     assert info.value.reason == "unreadable pdf"
     with pytest.raises(Skipped) as info:
         extract_bytes(make_pdf([[]]), ".pdf")
-    assert info.value.reason == "empty"
+    assert info.value.reason == "no text layer (scanned?)"  # pages, but no text on any
 
 
 @pytest.mark.parametrize(

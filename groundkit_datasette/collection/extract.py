@@ -9,13 +9,25 @@ detector: a BOM (UTF-8 or UTF-16), else UTF-8, else Windows-1252, else
 Latin-1 (which decodes any bytes). The encoding used is returned with the
 text and recorded per document, and verification decodes with the
 recorded one (adr/0012-text-encodings.md).
+
+Office and e-book files (.docx, .pptx, .xlsx, .odt, .epub) become Markdown-shaped
+text: their headings, slides (``# Slide 3``) and sheets (``# Sheet "Q3"``) become ATX
+headings, so the chunker's heading paths name where a citation is, and a body line that
+would read as Markdown structure is escaped with a backslash. Each of these extractors
+records its own version and the library's, so a citation is only checked by the same
+code (adr/0020-formats-office-and-ebook-text.md).
 """
 
 from __future__ import annotations
 
 import codecs
+import datetime
 import io
+import posixpath
 import re
+import zipfile
+from urllib.parse import unquote
+from xml.etree import ElementTree
 from bisect import bisect_right
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -27,6 +39,8 @@ __all__ = [
     "Extracted",
     "Skipped",
     "HTML_EXTRACTOR_VERSION",
+    "FORMAT_EXTRACTOR_VERSION",
+    "NO_TEXT_LAYER",
     "MAX_FILE_BYTES",
     "PDF_PAGE_SEPARATOR",
     "TEXT_EXTRACTOR_VERSION",
@@ -41,6 +55,13 @@ TEXT_EXTRACTOR_VERSION = "1"
 # Bump whenever _HTMLText's output changes for any input.
 HTML_EXTRACTOR_VERSION = "1"
 MAX_FILE_BYTES = 64 * 1024 * 1024
+# Bump whenever an Office/e-book extractor's output changes for any input (the library's own
+# version is recorded beside it).
+FORMAT_EXTRACTOR_VERSION = "1"
+# A zip container (Office, OpenDocument, EPUB) may unpack to at most this many bytes in all.
+MAX_UNPACKED_BYTES = 256 * 1024 * 1024
+# A PDF whose pages carry no text at all: most often a scan without OCR.
+NO_TEXT_LAYER = "no text layer (scanned?)"
 # Between PDF pages; the chunker treats "\f" as a hard boundary for "pdf".
 PDF_PAGE_SEPARATOR = "\n\f\n"
 
@@ -86,14 +107,15 @@ _CODE_NAMES = {
     "rakefile", "gemfile", "justfile", "vagrantfile", "procfile",
 }
 _PDF = {".pdf"}
+# Suffix -> extractor name for the zip-based document formats.
+_PACKAGED = {".docx": "docx", ".pptx": "pptx", ".xlsx": "xlsx", ".odt": "odt", ".epub": "epub"}
 # Known binary formats: refused without sniffing.
 _UNSUPPORTED = {
     ".png", ".jpg", ".jpeg", ".gif", ".bmp", ".ico", ".webp", ".tif",
     ".tiff", ".heic", ".psd", ".zip", ".gz", ".tgz", ".bz2", ".xz", ".zst",
     ".7z", ".rar", ".tar", ".exe", ".dll", ".so", ".dylib", ".o", ".a",
     ".lib", ".class", ".jar", ".pyc", ".pyo", ".whl", ".egg", ".doc",
-    ".docx", ".xls", ".xlsx", ".ppt", ".pptx", ".odt", ".ods", ".odp",
-    ".epub", ".mp3", ".mp4", ".m4a", ".wav", ".avi", ".mov", ".mkv",
+    ".xls", ".ppt", ".ods", ".odp", ".mp3", ".mp4", ".m4a", ".wav", ".avi", ".mov", ".mkv",
     ".flac", ".ogg", ".webm", ".woff", ".woff2", ".ttf", ".otf", ".eot",
     ".sqlite", ".sqlite3", ".db", ".iso", ".dmg", ".bin", ".parquet",
     ".arrow", ".lance", ".npy", ".npz", ".pkl", ".pickle", ".onnx",
@@ -113,6 +135,8 @@ def source_class_for(suffix: str, name: str = "") -> str | None:
         return "html"
     if suffix in _PDF:
         return "pdf"
+    if suffix in _PACKAGED:
+        return "markdown"  # Markdown-shaped text with the document's headings
     if suffix in _CODE:
         return "code"
     if suffix in _UNSUPPORTED:
@@ -158,6 +182,11 @@ def extractor_available(extractor: str, version: str) -> bool:
         except ImportError:
             return False
         return version == pypdf.__version__
+    if extractor in _FORMAT_EXTRACTORS:
+        try:
+            return version == _format_version(extractor)
+        except ImportError:
+            return False
     return False
 
 
@@ -184,6 +213,9 @@ def _extract(data: bytes, suffix: str, name: str, max_bytes: int,
         raise Skipped("too large")
     if source_class == "pdf":
         return _extract_pdf(data)
+    packaged = _PACKAGED.get(_norm_suffix(suffix))
+    if packaged is not None:
+        return _extract_packaged(packaged, data)
     if source_class == "html":
         text, title, used = _extract_html(data, encoding)
         if not text.strip():
@@ -526,5 +558,345 @@ def _extract_pdf(data: bytes) -> Extracted:
         pos += len(page)
     text = "".join(parts)
     if not text.strip():
-        raise Skipped("empty")
+        # Pages but no text: an image-only (scanned) PDF, said so rather than "empty".
+        raise Skipped(NO_TEXT_LAYER if pages else "empty")
     return Extracted(text, None, "pdf", "pypdf", pypdf.__version__, tuple(starts))
+
+
+# --------------------------------------------------------------------------
+# Office and e-book formats (zip containers)
+
+
+_FORMAT_LIBRARIES = {"docx": "docx", "pptx": "pptx", "xlsx": "openpyxl", "odt": None, "epub": None}
+_FORMAT_EXTRACTORS = frozenset(_FORMAT_LIBRARIES)
+
+
+def _format_version(extractor: str) -> str:
+    """``<ours>`` or ``<ours>/<library>-<its version>``; ImportError if the library is missing."""
+    module = _FORMAT_LIBRARIES[extractor]
+    if extractor == "epub":  # its chapters go through the HTML extractor
+        return f"{FORMAT_EXTRACTOR_VERSION}/html-{HTML_EXTRACTOR_VERSION}"
+    if module is None:
+        return FORMAT_EXTRACTOR_VERSION
+    lib = __import__(module)
+    return f"{FORMAT_EXTRACTOR_VERSION}/{module}-{lib.__version__}"
+
+
+# A line that the Markdown heading finder would read as structure: an ATX marker, a fence,
+# or a setext underline (which would also turn the line above it into a heading).
+_MARKDOWN_STRUCTURE = re.compile(r" {0,3}(?:#|`{3}|~{3}|=+[ \t]*$|-+[ \t]*$)")
+
+
+class _Outline:
+    """Blocks of Markdown-shaped text: headings and escaped paragraphs, blank-line separated."""
+
+    def __init__(self) -> None:
+        self.blocks: list[str] = []
+        self.first_heading: str | None = None
+
+    def heading(self, level: int, title: str) -> None:
+        title = _collapse(title)
+        if not title:
+            return
+        if self.first_heading is None:
+            self.first_heading = title
+        self.blocks.append("#" * max(1, min(level, 6)) + " " + title)
+
+    def paragraph(self, text: str) -> None:
+        lines = [line.rstrip() for line in text.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+        lines = ["\\" + line if _MARKDOWN_STRUCTURE.match(line) else line for line in lines]
+        block = "\n".join(lines).strip("\n")
+        if block.strip():
+            self.blocks.append(block.replace("\f", " ").replace("\x00", ""))
+
+    def rows(self, rows) -> None:
+        """A table: one line per non-empty row, cells joined by " | "."""
+        lines = []
+        for row in rows:
+            cells = [_collapse(c) for c in row]
+            while cells and not cells[-1]:
+                cells.pop()
+            if any(cells):
+                lines.append(" | ".join(cells))
+        if lines:
+            self.paragraph("\n".join(lines))
+
+    def text(self) -> str:
+        return "\n\n".join(self.blocks)
+
+
+def _open_zip(data: bytes, what: str) -> zipfile.ZipFile:
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        unpacked = sum(info.file_size for info in archive.infolist())
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError):
+        raise Skipped(f"unreadable {what}") from None
+    if unpacked > MAX_UNPACKED_BYTES:
+        raise Skipped("too large")  # a zip bomb, or simply a huge document
+    return archive
+
+
+def _extract_packaged(extractor: str, data: bytes) -> Extracted:
+    archive = _open_zip(data, extractor)
+    try:
+        version = _format_version(extractor)
+    except ImportError:
+        raise Skipped(f"{extractor} support not installed") from None
+    try:
+        outline, title = _PACKAGED_READERS[extractor](data, archive)
+    except Skipped:
+        raise
+    except Exception:  # malformed packages surface as almost any exception type
+        raise Skipped(f"unreadable {extractor}") from None
+    finally:
+        archive.close()
+    text = outline.text()
+    if not text.strip():
+        raise Skipped("empty")
+    if title is None and extractor in ("docx", "odt"):
+        title = outline.first_heading  # a slide or sheet label is no title for the file
+    return Extracted(text, title, "markdown", extractor, version)
+
+
+def _cell_text(value) -> str:
+    """A spreadsheet value as text, the same way every time."""
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 1e16 else repr(value)
+    if isinstance(value, datetime.datetime) and value.time() == datetime.time(0):
+        return value.date().isoformat()  # a date cell: Excel stores dates as midnight datetimes
+    if isinstance(value, (datetime.datetime, datetime.date, datetime.time)):
+        return value.isoformat()
+    return str(value)
+
+
+def _read_docx(data: bytes, archive) -> tuple[_Outline, str | None]:
+    import docx
+    from docx.table import Table
+
+    document = docx.Document(io.BytesIO(data))
+    out = _Outline()
+    for block in document.iter_inner_content():
+        if isinstance(block, Table):
+            out.rows(_docx_rows(block))
+            continue
+        style = (block.style.name if block.style is not None else "") or ""
+        level = _heading_level(style)
+        if level:
+            out.heading(level, block.text)
+        else:
+            out.paragraph(block.text)
+    return out, (document.core_properties.title or None)
+
+
+def _heading_level(style: str) -> int:
+    if style == "Title":
+        return 1
+    m = re.fullmatch(r"Heading ([1-9])", style)
+    return int(m.group(1)) if m else 0
+
+
+def _docx_rows(table):
+    for row in table.rows:
+        cells, seen = [], set()
+        for cell in row.cells:
+            if id(cell._tc) in seen:  # a merged cell is listed once per grid column it spans
+                continue
+            seen.add(id(cell._tc))
+            cells.append(cell.text)
+        yield cells
+
+
+def _read_pptx(data: bytes, archive) -> tuple[_Outline, str | None]:
+    import pptx
+
+    presentation = pptx.Presentation(io.BytesIO(data))
+    out = _Outline()
+    for number, slide in enumerate(presentation.slides, 1):
+        out.heading(1, f"Slide {number}")
+        title_shape = slide.shapes.title
+        if title_shape is not None and title_shape.has_text_frame and title_shape.text_frame.text.strip():
+            out.heading(2, title_shape.text_frame.text)
+        for shape in slide.shapes:
+            if title_shape is not None and shape.shape_id == title_shape.shape_id:
+                continue
+            _pptx_shape(shape, out)
+        if slide.has_notes_slide:
+            notes = slide.notes_slide.notes_text_frame
+            if notes is not None and notes.text.strip():
+                out.paragraph("Notes: " + notes.text)
+    return out, (presentation.core_properties.title or None)
+
+
+def _pptx_shape(shape, out: _Outline) -> None:
+    from pptx.shapes.group import GroupShape
+
+    if isinstance(shape, GroupShape):
+        for inner in shape.shapes:  # a group: its shapes in document order
+            _pptx_shape(inner, out)
+        return
+    if getattr(shape, "has_table", False) and shape.has_table:
+        out.rows([cell.text for cell in row.cells] for row in shape.table.rows)
+    elif getattr(shape, "has_text_frame", False) and shape.has_text_frame:
+        out.paragraph("\n".join(p.text if hasattr(p, "text") else "" for p in shape.text_frame.paragraphs))
+
+
+def _read_xlsx(data: bytes, archive) -> tuple[_Outline, str | None]:
+    import openpyxl
+
+    # read_only streams rows; data_only takes each formula's cached value, as the user saw it.
+    book = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
+    try:
+        out = _Outline()
+        for sheet in book.worksheets:
+            sheet.reset_dimensions()  # do not trust the stored used-range
+            rows = [[_cell_text(v) for v in row] for row in sheet.iter_rows(values_only=True)]
+            if not any(any(c.strip() for c in row) for row in rows):
+                continue
+            out.heading(1, f'Sheet "{sheet.title}"')
+            out.rows(rows)
+        title = book.properties.title if book.properties is not None else None
+        return out, (title or None)
+    finally:
+        book.close()
+
+
+_ODF_TEXT = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
+_ODF_TABLE = "urn:oasis:names:tc:opendocument:xmlns:table:1.0"
+_ODF_OFFICE = "urn:oasis:names:tc:opendocument:xmlns:office:1.0"
+_DC = "http://purl.org/dc/elements/1.1/"
+
+
+def _q(ns: str, tag: str) -> str:
+    return f"{{{ns}}}{tag}"
+
+
+def _read_xml(archive, name: str):
+    """Parse one member (expat resolves no external entities and caps entity expansion)."""
+    try:
+        raw = archive.read(name)
+    except KeyError:
+        return None
+    return ElementTree.fromstring(raw)
+
+
+def _read_odt(data: bytes, archive) -> tuple[_Outline, str | None]:
+    content = _read_xml(archive, "content.xml")
+    if content is None:
+        raise Skipped("unreadable odt")
+    out = _Outline()
+    body = content.find(f"{_q(_ODF_OFFICE, 'body')}/{_q(_ODF_OFFICE, 'text')}")
+    if body is not None:
+        _odt_blocks(body, out)
+    title = None
+    meta = _read_xml(archive, "meta.xml")
+    if meta is not None:
+        node = meta.find(f".//{_q(_DC, 'title')}")
+        if node is not None and node.text and node.text.strip():
+            title = _collapse(node.text)
+    return out, title
+
+
+def _odt_blocks(parent, out: _Outline) -> None:
+    for child in parent:
+        tag = child.tag
+        if tag == _q(_ODF_TEXT, "h"):
+            level = child.get(_q(_ODF_TEXT, "outline-level"), "1")
+            out.heading(int(level) if level.isdigit() else 1, _odt_inline(child))
+        elif tag == _q(_ODF_TEXT, "p"):
+            out.paragraph(_odt_inline(child))
+        elif tag == _q(_ODF_TABLE, "table"):
+            out.rows(
+                [_odt_cell(cell) for cell in row.iter()
+                 if cell.tag == _q(_ODF_TABLE, "table-cell")]
+                for row in child.iter(_q(_ODF_TABLE, "table-row"))
+            )
+        elif tag in (_q(_ODF_TEXT, "list"), _q(_ODF_TEXT, "list-item"), _q(_ODF_TEXT, "section"),
+                     _q(_ODF_TEXT, "list-header")):
+            _odt_blocks(child, out)
+
+
+def _odt_cell(cell) -> str:
+    return " ".join(_odt_inline(p) for p in cell.iter(_q(_ODF_TEXT, "p")))
+
+
+def _odt_inline(node) -> str:
+    parts: list[str] = []
+
+    def walk(el):
+        if el.text:
+            parts.append(el.text)
+        for child in el:
+            tag = child.tag
+            if tag == _q(_ODF_TEXT, "s"):
+                count = child.get(_q(_ODF_TEXT, "c"), "1")
+                parts.append(" " * min(int(count) if count.isdigit() else 1, 1000))
+            elif tag == _q(_ODF_TEXT, "tab"):
+                parts.append("\t")
+            elif tag == _q(_ODF_TEXT, "line-break"):
+                parts.append("\n")
+            elif tag in (_q(_ODF_TEXT, "note"), _q(_ODF_OFFICE, "annotation")):
+                pass  # footnotes and comments are not the running text
+            else:
+                walk(child)
+            if child.tail:
+                parts.append(child.tail)
+
+    walk(node)
+    return "".join(parts)
+
+
+_OPF = "http://www.idpf.org/2007/opf"
+_CONTAINER = "urn:oasis:names:tc:opendocument:xmlns:container"
+_XHTML_TYPES = {"application/xhtml+xml", "text/html"}
+
+
+def _read_epub(data: bytes, archive) -> tuple[_Outline, str | None]:
+    container = _read_xml(archive, "META-INF/container.xml")
+    rootfile = container.find(f".//{_q(_CONTAINER, 'rootfile')}") if container is not None else None
+    opf_path = rootfile.get("full-path") if rootfile is not None else None
+    package = _read_xml(archive, opf_path) if opf_path else None
+    if package is None:
+        raise Skipped("unreadable epub")
+    opf_dir = posixpath.dirname(opf_path)
+    items = {
+        item.get("id"): (item.get("href") or "", item.get("media-type") or "")
+        for item in package.iter(_q(_OPF, "item"))
+    }
+    out = _Outline()
+    for number, ref in enumerate(package.iter(_q(_OPF, "itemref")), 1):
+        href, media_type = items.get(ref.get("idref"), ("", ""))
+        if media_type not in _XHTML_TYPES or not href:
+            continue
+        name = posixpath.normpath(posixpath.join(opf_dir, unquote(href.split("#", 1)[0])))
+        try:
+            chapter = archive.read(name)
+        except KeyError:
+            continue  # a spine entry the package does not hold
+        try:
+            text, chapter_title, _used = _extract_html(chapter, None)
+        except Skipped:
+            continue
+        if not text.strip():
+            continue
+        heading = _collapse(chapter_title or f"Section {number}")
+        first, _sep, rest = text.partition("\n\n")
+        if _collapse(first) == heading:
+            text = rest  # the chapter's own <h1> repeats its title
+        out.heading(1, heading)
+        out.paragraph(text)
+    title_node = package.find(f".//{_q(_DC, 'title')}")
+    title = _collapse(title_node.text) if title_node is not None and title_node.text else None
+    return out, (title or None)
+
+
+_PACKAGED_READERS = {
+    "docx": _read_docx,
+    "pptx": _read_pptx,
+    "xlsx": _read_xlsx,
+    "odt": _read_odt,
+    "epub": _read_epub,
+}

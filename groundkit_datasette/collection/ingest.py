@@ -213,13 +213,13 @@ class Indexer:
     def path(self) -> Path:
         return sqlite_path(self.index_dir, self.name)
 
-    def _resolve_inputs(self, paths) -> tuple[Path, list[Path]]:
+    def _resolve_inputs(self, paths, missing_ok: bool = False) -> tuple[Path, list[Path]]:
         if not paths:
             raise InvalidRequest("give at least one file or directory to ingest")
         resolved = []
         for p in paths:
             rp = Path(p).resolve()
-            if not rp.exists():
+            if not missing_ok and not rp.exists():
                 raise InvalidRequest(f"path does not exist: {p}")
             resolved.append(rp)
         if self.base_dir is not None:
@@ -302,9 +302,11 @@ class Indexer:
 
     # -- the run -----------------------------------------------------------
 
-    def ingest(self, paths) -> IngestReport:
+    def ingest(self, paths, *, missing_ok: bool = False) -> IngestReport:
+        """``missing_ok``: a path that no longer exists is a root with nothing in it, so the
+        documents under it are removed (watch mode, when a watched directory is renamed away)."""
         started = time.perf_counter()
-        base, roots = self._resolve_inputs(paths)
+        base, roots = self._resolve_inputs(paths, missing_ok)
         self._choose_modes()
         if not self.index_dir.exists():
             # Only a directory ingest creates is made private: an existing one is the user's.
@@ -533,7 +535,9 @@ class Indexer:
         # One stat per root and a set lookup per parent: linear in the number of paths.
         unique_roots = list(dict.fromkeys(roots))
         dir_roots = {r for r in unique_roots if r.is_dir()}
-        walked = [r for r in unique_roots if not any(p in dir_roots for p in r.parents)]
+        gone = {r for r in unique_roots if not r.exists()}  # only with ingest(missing_ok=True)
+        walked = [r for r in unique_roots
+                  if r not in gone and not any(p in dir_roots for p in r.parents)]
         files = list({item[0]: item for root in walked for item in self._walk(base, root, report)}.values())
         self.progress({"event": "start", "total": len(files)})
         for done, (source, real) in enumerate(files, 1):
@@ -610,10 +614,11 @@ class Indexer:
 
         # Prune documents whose files are gone from a directory root given in this run.
         prefixes = tuple("" if root == base else root.relative_to(base).as_posix() + "/"
-                         for root in dir_roots)
+                         for root in dir_roots | gone)
+        gone_files = {root.relative_to(base).as_posix() for root in gone if root != base}
         if prefixes:
             for source, (document_id, *_rest) in existing.items():
-                if source not in seen and source.startswith(prefixes):
+                if source not in seen and (source.startswith(prefixes) or source in gone_files):
                     conn.execute("DELETE FROM documents WHERE document_id = ?", (document_id,))
                     if vectors is not None:
                         vectors.replace_document(document_id, [], keep_ids=[])
