@@ -11,6 +11,9 @@ MAX_TOP_K = 50
 DEFAULT_TOP_K = 10
 MAX_VECTOR_DIMS = 4096
 CHUNK_ID_PATTERN = r"^c_[0-9a-f]{24}$"
+# Paging: hits ``offset+1 .. offset+top_k`` of one ranking; the window ends by MAX_WINDOW.
+MAX_WINDOW = 500
+MAX_OFFSET = MAX_WINDOW - MAX_TOP_K
 
 
 
@@ -49,6 +52,17 @@ class SearchRequest(Request):
     document_id: str | None = Field(
         default=None, max_length=100,
         description="Only chunks of this document: a document_id from a search hit or fetched chunk.",
+    )
+    offset: int = Field(
+        default=0, ge=0, le=MAX_OFFSET,
+        description=f"Skip this many hits of the ranking, 0 to {MAX_OFFSET}: the next page starts at "
+        "the previous response's next_offset. Pages of one collection generation are cuts of one "
+        "ordering (ties broken deterministically).",
+    )
+    group_by_document: bool = Field(
+        default=False,
+        description="Also return the page's hits grouped by document (groups), each document in "
+        "the order of its best hit.",
     )
     vector: list[float] | None = Field(
         default=None,
@@ -129,11 +143,28 @@ class Hit(Citation):
     components: dict[str, ComponentScore] = Field(default_factory=dict)
 
 
+class DocumentGroup(Response):
+    """A page's hits from one document: ``chunk_ids`` in rank order, the first the best."""
+
+    document_id: str
+    source: str
+    title: str | None
+    best_rank: int
+    chunk_ids: list[str]
+
+
 class SearchResponse(Response):
     collection: str
     mode: str
     generation: int
     top_k: int
+    offset: int = 0
+    next_offset: int | None = Field(
+        default=None, description="The offset of the next page, or None when this is the last one.")
+    top_score: float | None = Field(
+        default=None, description="The score of the ranking's first hit (also on later pages).")
+    groups: list[DocumentGroup] | None = Field(
+        default=None, description="With group_by_document: the hits grouped by document.")
     reranked: bool = False
     rerank_model: str | None = None
     rerank_depth: int | None = None
