@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from groundkit_datasette.embedders import Embedder
+from groundkit_datasette.embedding.embedders import Embedder
 from groundkit_datasette.hookspecs import hookimpl
 
 DIMENSIONS = 384
@@ -93,7 +93,7 @@ def write_corpus(directory: Path, chunks: int, seed: int = 42) -> int:
 def build_collection(work: Path, chunks: int, *, embedder: str = "synthetic", name: str | None = None,
                      rebuild: bool = False):
     """A real collection of ``chunks`` synthetic chunks (reused when already built)."""
-    from groundkit_datasette.ingest import Indexer
+    from groundkit_datasette.collection.ingest import Indexer
 
     register()
     name = name or f"syn{chunks}-{embedder}"

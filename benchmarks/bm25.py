@@ -51,7 +51,7 @@ def _ranking_to_docs(chunk_rows, source_of_row, id_of_source):
 
 def _quality(search_rows, spec, source_of_row):
     """Mean nDCG@10 over judged queries, or None without qrels."""
-    from groundkit_datasette.evaluate import ndcg_at
+    from groundkit_datasette.retrieval.evaluate import ndcg_at
 
     if not spec.get("qrels"):
         return None
@@ -68,8 +68,8 @@ def worker(engine: str, spec_file: str) -> dict:
     # Import first and load the texts: the memory figure is the index's, not the libraries'.
     import numpy  # noqa: F401
 
-    import groundkit_datasette.collection  # noqa: F401
-    import groundkit_datasette.search  # noqa: F401
+    import groundkit_datasette.retrieval.collection  # noqa: F401
+    import groundkit_datasette.retrieval.search  # noqa: F401
 
     if engine.startswith("bm25s"):
         import bm25s  # noqa: F401
@@ -84,9 +84,9 @@ def worker(engine: str, spec_file: str) -> dict:
     base_rss = c.rss_mb()
 
     if engine == "ours":
-        from groundkit_datasette import bm25
-        from groundkit_datasette.collection import Collection
-        from groundkit_datasette.search import _bm25_ranked
+        from groundkit_datasette.retrieval import bm25
+        from groundkit_datasette.retrieval.collection import Collection
+        from groundkit_datasette.retrieval.search import _bm25_ranked
 
         t = time.perf_counter()
         col = Collection.from_path(path)
@@ -147,7 +147,7 @@ def worker(engine: str, spec_file: str) -> dict:
         import numpy as np
         from rank_bm25 import BM25Okapi
 
-        from groundkit_datasette.bm25 import tokenize
+        from groundkit_datasette.retrieval.bm25 import tokenize
 
         t = time.perf_counter()
         index = BM25Okapi([tokenize(x) for x in texts], k1=1.5, b=0.75)
@@ -164,7 +164,7 @@ def worker(engine: str, spec_file: str) -> dict:
     elif engine == "fts5":
         import sqlite3
 
-        from groundkit_datasette.bm25 import STOP_WORDS
+        from groundkit_datasette.retrieval.bm25 import STOP_WORDS
 
         db = Path(spec["work"]) / "fts5-baseline.sqlite3"
         db.unlink(missing_ok=True)
@@ -216,8 +216,8 @@ def worker(engine: str, spec_file: str) -> dict:
 
 def build_ours(dataset_dir: Path, work: Path, repeats: int):
     """BM25-only collection of the data set; median build time over ``repeats`` fresh builds."""
-    from groundkit_datasette.evaluate import load_dataset, write_sources
-    from groundkit_datasette.ingest import Indexer
+    from groundkit_datasette.retrieval.evaluate import load_dataset, write_sources
+    from groundkit_datasette.collection.ingest import Indexer
 
     ds = load_dataset(dataset_dir)
     sources = work / f"{ds.name}-sources"

@@ -43,7 +43,7 @@ t0 = time.perf_counter()
 sys.path.insert(0, {root!r})
 from benchmarks import _synthetic
 _synthetic.register()
-from groundkit_datasette.collection import Collection
+from groundkit_datasette.retrieval.collection import Collection
 t1 = time.perf_counter()
 col = Collection.open({name!r}, index_dir={index!r})
 t2 = time.perf_counter()
@@ -83,7 +83,7 @@ print(json.dumps({{"hits": len(top), "import_s": t1 - t0, "open_s": t2 - t1, "qu
 _CHILD_MINILM = """
 import json, time
 t0 = time.perf_counter()
-from groundkit_datasette.embedders import get_embedder
+from groundkit_datasette.embedding.embedders import get_embedder
 t1 = time.perf_counter()
 e = get_embedder("minilm")
 e.load()
@@ -119,7 +119,7 @@ def prepare_baselines(index: Path, name: str, work: Path):
     import numpy as np
     import Stemmer
 
-    from groundkit_datasette.collection import Collection
+    from groundkit_datasette.retrieval.collection import Collection
 
     bm25s_dir = work / f"{name}.bm25s"
     npy = work / f"{name}.npy"

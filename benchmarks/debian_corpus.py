@@ -99,7 +99,7 @@ def main(argv=None):
         install(packages)
         print(f"installed {len(packages)} packages in {time.perf_counter() - t:.0f} s")
 
-    from groundkit_datasette.ingest import Indexer
+    from groundkit_datasette.collection.ingest import Indexer
 
     if args.embedder == "synthetic":
         # Clustered random vectors from a registered plugin: dense figures at this size without a model.
@@ -126,7 +126,7 @@ def main(argv=None):
           f"generation {report.generation}")
     for reason, n in sorted(report.skipped.items()):
         print(f"  skipped ({reason}): {n:,}")
-    from groundkit_datasette.collection import Collection
+    from groundkit_datasette.retrieval.collection import Collection
 
     with Collection.open(args.collection, index_dir=args.index_dir) as col:
         st = col.status()

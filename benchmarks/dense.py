@@ -49,8 +49,8 @@ def run_size(work: Path, size: int, nq: int, repeats: int) -> list:
 def run_collection(index: Path, name: str, nq: int, repeats: int, built: str) -> list:
     import numpy as np
 
-    from groundkit_datasette.collection import Collection
-    from groundkit_datasette.search import _dense_ranked
+    from groundkit_datasette.retrieval.collection import Collection
+    from groundkit_datasette.retrieval.search import _dense_ranked
 
     syn.register()
     col = Collection.open(name, index_dir=index)

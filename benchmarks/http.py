@@ -157,8 +157,8 @@ def library(col, mode: str, queries: list[str], clients: int, total: int, time_l
 
 def build_default(work: Path) -> tuple[Path, str, list[str]]:
     """A BM25-only nfcorpus_approx collection and its query texts."""
-    from groundkit_datasette.evaluate import load_dataset, write_sources
-    from groundkit_datasette.ingest import Indexer
+    from groundkit_datasette.retrieval.evaluate import load_dataset, write_sources
+    from groundkit_datasette.collection.ingest import Indexer
 
     ds = load_dataset(c.irdata("nfcorpus_approx"))
     sources = work / "nfcorpus-sources"
@@ -182,7 +182,7 @@ def main(argv=None):
     work = Path(args.work or tempfile.mkdtemp(prefix="gk-bench-http-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.index_dir:
-        from groundkit_datasette.evaluate import load_dataset
+        from groundkit_datasette.retrieval.evaluate import load_dataset
 
         index, name = Path(args.index_dir), args.collection
         ds = load_dataset(c.irdata(args.queries_from))
@@ -191,7 +191,7 @@ def main(argv=None):
         index, name, queries = build_default(work)
     levels = [int(x) for x in args.levels.split(",")]
 
-    from groundkit_datasette.collection import Collection
+    from groundkit_datasette.retrieval.collection import Collection
 
     print(f"# HTTP benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')}); collection {name}, mode {args.mode}, "
           f"{args.requests} requests per cell, {len(queries)} distinct queries")

@@ -43,8 +43,8 @@ def reference_model_dir() -> Path:
 
 
 def bm25_ingest(name: str, work: Path, repeats: int):
-    from groundkit_datasette.evaluate import load_dataset, write_sources
-    from groundkit_datasette.ingest import Indexer
+    from groundkit_datasette.retrieval.evaluate import load_dataset, write_sources
+    from groundkit_datasette.collection.ingest import Indexer
 
     ds = load_dataset(c.irdata(name))
     sources = work / f"{name}-sources"
@@ -107,7 +107,7 @@ def main(argv=None):
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from groundkit_datasette.embedders import get_embedder
+    from groundkit_datasette.embedding.embedders import get_embedder
 
     ours = get_embedder("minilm")
     ours.load()
@@ -148,7 +148,7 @@ def main(argv=None):
 
     full = [n for n in args.full_embed_ingest.split(",") if n]
     if full:
-        from groundkit_datasette.ingest import Indexer
+        from groundkit_datasette.collection.ingest import Indexer
 
         rows = []
         for name in full:

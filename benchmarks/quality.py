@@ -36,7 +36,7 @@ def bm25s_ndcg(dataset) -> tuple[float, float]:
     import bm25s
     import Stemmer
 
-    from groundkit_datasette.evaluate import document_text, ndcg_at
+    from groundkit_datasette.retrieval.evaluate import document_text, ndcg_at
 
     stemmer = Stemmer.Stemmer("english")
     docs = list(dataset.corpus())
@@ -70,8 +70,8 @@ def main(argv=None):
     ap.add_argument("--check", action="store_true", help="exit 1 if ours is below bm25s anywhere")
     args = ap.parse_args(argv)
 
-    from groundkit_datasette import bm25
-    from groundkit_datasette.evaluate import evaluate_many, load_dataset
+    from groundkit_datasette.retrieval import bm25
+    from groundkit_datasette.retrieval.evaluate import evaluate_many, load_dataset
 
     names = [n for n in args.corpora.split(",") if n]
     dirs = [c.irdata(n) for n in names]

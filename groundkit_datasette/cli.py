@@ -142,7 +142,7 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
     published), 3 when files failed and none was written, 2 on a usage error or a refusal
     (nothing is written).
     """
-    from .ingest import Indexer
+    from .collection.ingest import Indexer
 
     if chunk_size < 50:
         raise click.UsageError("--chunk-size must be at least 50 (characters)")
@@ -208,8 +208,8 @@ def _print_ingest_summary(report, path: Path, list_all: bool) -> None:
 
 
 def _open(collection, index_dir, base_dir=None, reranker=None):
-    from .collection import Collection
-    from .names import resolve_collection_arg
+    from .retrieval.collection import Collection
+    from .collection.names import resolve_collection_arg
 
     directory, name = resolve_collection_arg(collection, index_dir)
     return Collection.open(name, index_dir=directory, base_dir=base_dir, reranker=reranker)
@@ -218,7 +218,7 @@ def _open(collection, index_dir, base_dir=None, reranker=None):
 def _reranker_from_options(name, options):
     if not name:
         return None
-    from .rerankers import get_reranker
+    from .retrieval.rerankers import get_reranker
 
     return get_reranker(name, **_key_values(options, "--reranker-option"))
 
@@ -257,7 +257,7 @@ def search(collection, query, index_dir, mode, top_k, rerank, reranker, reranker
     """Search COLLECTION (a name in --index-dir, or a path to a .sqlite3 file)."""
     from pydantic import ValidationError
 
-    from .models import SearchRequest
+    from .retrieval.models import SearchRequest
 
     try:
         request = SearchRequest(query=query, mode=mode, top_k=top_k, rerank=rerank, source=source)
@@ -380,7 +380,7 @@ def _status_lines(s) -> list[tuple[str, str]]:
 @click.option("--json", "as_json", is_flag=True)
 def collections(index_dir, as_json):
     """List the collections in --index-dir."""
-    from .collection import list_collections
+    from .retrieval.collection import list_collections
 
     response = list_collections(index_dir)
     if as_json:
@@ -408,7 +408,7 @@ def collections(index_dir, as_json):
 def mcp(index_dir, base_dir, metadata, as_user, groups):
     """Serve the collections as MCP tools over stdio (for Claude Desktop, IDEs and other clients)."""
     # stdout carries JSON-RPC frames only: claim it before anything else can write to it.
-    from .mcp_server import claim_stdout
+    from .surfaces.mcp_server import claim_stdout
 
     wire = claim_stdout()
     import asyncio
@@ -417,7 +417,7 @@ def mcp(index_dir, base_dir, metadata, as_user, groups):
     from datasette.app import Datasette
     from datasette.utils import BadMetadataError, parse_metadata
 
-    from .mcp_server import run_stdio
+    from .surfaces.mcp_server import run_stdio
 
     try:
         config = dict(parse_metadata(metadata.read()) or {}) if metadata is not None else {}
@@ -473,7 +473,7 @@ def mcp(index_dir, base_dir, metadata, as_user, groups):
               help="Datasette metadata (YAML or JSON): permissions, plugins.groundkit settings.")
 def serve_command(targets, index_dir, host, port, open_browser, base_dir, metadata):
     """Browse and search collections in Datasette: loopback, read-only, the plugin loaded."""
-    from .serve import run
+    from .surfaces.serve import run
 
     run(targets, index_dir=index_dir, host=host, port=port, open_browser=open_browser,
         metadata_file=metadata, base_dir=base_dir)
@@ -504,7 +504,7 @@ def eval_command(dataset_dirs, collection, index_dir, modes, rerank, reranker, r
     """
     import os
 
-    from .evaluate import evaluate_many, format_summary, format_table
+    from .retrieval.evaluate import evaluate_many, format_summary, format_table
 
     mode_list = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
     # A shell glob (data/*) also names files such as a README: those are passed over.

@@ -11,7 +11,7 @@ pm.load_setuptools_entrypoints("groundkit")
 # The embedder used when neither the user nor the collection names one.
 DEFAULT_EMBEDDER = "minilm"
 
-_BUILTINS = ("groundkit_datasette.embedders", "groundkit_datasette.rerankers", "groundkit_datasette.modes")
+_BUILTINS = ("groundkit_datasette.embedding.embedders", "groundkit_datasette.retrieval.rerankers", "groundkit_datasette.retrieval.modes")
 
 
 def _load_builtins():

@@ -14,14 +14,14 @@ import pytest
 import uvicorn
 from datasette.app import Datasette
 
-from groundkit_datasette.access import (
+from groundkit_datasette.security.boundary import (
     loopback_host_header,
     loopback_ip,
     loopback_origin,
     loopback_socket,
 )
-from groundkit_datasette.auth import hash_token
-from groundkit_datasette.ingest import ingest
+from groundkit_datasette.security.auth import hash_token
+from groundkit_datasette.collection.ingest import ingest
 
 MCP_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 MCP_LIST = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})

@@ -13,13 +13,13 @@ import pytest
 from datasette.app import Datasette
 
 from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette import search as gk_search
-from groundkit_datasette.acl import DENY_ALL, DIRECTORY_FILE as DIRECTORY, Reader, ScopedCollection, normalize
-from groundkit_datasette.auth import hash_token
-from groundkit_datasette.collection import Collection
+from groundkit_datasette.retrieval import search as gk_search
+from groundkit_datasette.collection.access_lists import DENY_ALL, DIRECTORY_FILE as DIRECTORY, Reader, ScopedCollection, normalize
+from groundkit_datasette.security.auth import hash_token
+from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.models import SearchRequest
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.retrieval.models import SearchRequest
 
 WORD = "quarterly"
 PUBLIC = [f"pub{i:02d}.txt" for i in range(8)]

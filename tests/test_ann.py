@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection import Collection
+from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.vectors import ANN_INDEX
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.collection.vectors import ANN_INDEX
 
 DIMS = 64
 CENTERS = np.random.default_rng(7).normal(size=(40, DIMS)).astype(np.float32)

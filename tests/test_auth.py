@@ -23,12 +23,12 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from datasette.app import Datasette
 
-from groundkit_datasette import auth as gk_auth
-from groundkit_datasette.access import authenticator_for
-from groundkit_datasette.auth import hash_token
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.mcp_server import input_schema
-from groundkit_datasette.tools import all_tools
+from groundkit_datasette.security import auth as gk_auth
+from groundkit_datasette.security.boundary import authenticator_for
+from groundkit_datasette.security.auth import hash_token
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.surfaces.mcp_server import input_schema
+from groundkit_datasette.surfaces.tools import all_tools
 
 ISSUER = "https://login.test/realms/acme"
 AUDIENCE = "groundkit"

@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from groundkit_datasette import bm25, schema
+from groundkit_datasette.retrieval import bm25
+from groundkit_datasette.collection import schema
 
 WORDS = st.sampled_from(
     ["the", "Running", "runs", "ran", "and", "café", "naïve", "ÉTÉ", "x1", "42", "don't", "rivers",
@@ -53,8 +54,8 @@ def test_term_ids_are_stable_within_a_run_and_new_terms_are_recorded():
 
 def _bm25_collection(tmp_path, files: dict[str, str], name="kw"):
     """A real BM25-only collection built by ingest from ``files``."""
-    from groundkit_datasette.collection import Collection
-    from groundkit_datasette.ingest import ingest
+    from groundkit_datasette.retrieval.collection import Collection
+    from groundkit_datasette.collection.ingest import ingest
 
     corpus = tmp_path / f"{name}-corpus"
     corpus.mkdir()
@@ -111,8 +112,8 @@ def test_a_readers_idf_counts_hidden_documents_not_their_chunks(tmp_path):
     """Per-reader IDF (adr/0007) recounts in the unit the stored weights use: documents."""
     import json
 
-    from groundkit_datasette.acl import Reader, ScopedCollection
-    from groundkit_datasette.models import SearchRequest
+    from groundkit_datasette.collection.access_lists import Reader, ScopedCollection
+    from groundkit_datasette.retrieval.models import SearchRequest
 
     def public_score(name, every):
         files = {"public.txt": "A glacier calved into the bay.\n",
@@ -123,8 +124,8 @@ def test_a_readers_idf_counts_hidden_documents_not_their_chunks(tmp_path):
         (corpus / "hr" / "memo.txt").write_text(_long_document(every))
         for path, text in files.items():
             (corpus / path).write_text(text)
-        from groundkit_datasette.collection import Collection
-        from groundkit_datasette.ingest import ingest
+        from groundkit_datasette.retrieval.collection import Collection
+        from groundkit_datasette.collection.ingest import ingest
 
         ingest([corpus], collection=name, index_dir=tmp_path / "index", embedder="none")
         with Collection.open(name, index_dir=tmp_path / "index") as col:
@@ -145,7 +146,7 @@ def test_a_readers_idf_counts_hidden_documents_not_their_chunks(tmp_path):
 
 def test_a_collection_scored_with_other_settings_is_rescored_by_the_next_ingest(tmp_path):
     """A file written before document IDF still searches, and re-ingest brings it up to date."""
-    from groundkit_datasette.ingest import ingest
+    from groundkit_datasette.collection.ingest import ingest
 
     files = {"a.txt": "The aurora shone over the hills.\n", "b.txt": "The fjord froze.\n"}
     with _bm25_collection(tmp_path, files, "old") as col:
@@ -163,7 +164,7 @@ def test_a_collection_scored_with_other_settings_is_rescored_by_the_next_ingest(
     assert json.loads(conn.execute("SELECT value FROM groundkit_manifest WHERE key = 'bm25'").fetchone()[0]) \
         == bm25.settings()
     assert bm25.document_map(conn) is not None
-    from groundkit_datasette.collection import Collection
+    from groundkit_datasette.retrieval.collection import Collection
 
     with Collection.open("old", index_dir=tmp_path / "index") as col:
         assert _scores(col, "aurora fjord") == pytest.approx(expected)

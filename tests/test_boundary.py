@@ -15,8 +15,8 @@ import httpx
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette.auth import hash_token
-from groundkit_datasette.ingest import ingest
+from groundkit_datasette.security.auth import hash_token
+from groundkit_datasette.collection.ingest import ingest
 
 from .conftest import write_corpus
 from .test_datasette_mcp import mcp_client
@@ -236,7 +236,7 @@ async def test_public_paths_open_only_what_the_operator_listed(built):
 
 
 def test_public_paths_are_validated():
-    from groundkit_datasette.service import Settings
+    from groundkit_datasette.surfaces.service import Settings
 
     for bad in ("/-/login", ["relative"], ["/a/../b"]):
         with pytest.raises(ValueError, match="public_paths"):

@@ -19,8 +19,8 @@ from datasette.app import Datasette
 from playwright.sync_api import expect, sync_playwright
 
 from groundkit_datasette import plugin as gk_plugin
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.pages import QueryTerms, citation_text, highlight
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.surfaces.pages import QueryTerms, citation_text, highlight
 
 from .browser_support import (
     CHROMIUM,

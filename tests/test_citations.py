@@ -7,11 +7,12 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from groundkit_datasette import citations, schema
-from groundkit_datasette.chunking import chunk_text
-from groundkit_datasette.citations import Verification, verify_citation
-from groundkit_datasette.extract import extract_file
-from groundkit_datasette.ingest import ingest
+from groundkit_datasette.retrieval import citations
+from groundkit_datasette.collection import schema
+from groundkit_datasette.collection.chunking import chunk_text
+from groundkit_datasette.retrieval.citations import Verification, verify_citation
+from groundkit_datasette.collection.extract import extract_file
+from groundkit_datasette.collection.ingest import ingest
 
 from .conftest import HTML, MARKDOWN, TEXT, snapshot, write_corpus
 

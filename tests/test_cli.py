@@ -17,13 +17,13 @@ import pytest
 from click.testing import CliRunner
 
 from groundkit_datasette import cli as cli_module
-from groundkit_datasette import ingest as ingest_module
+from groundkit_datasette.collection import ingest as ingest_module
 from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette.cli import cli
-from groundkit_datasette.collection import Collection
+from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.schema import connect_readonly
-from groundkit_datasette.vectors import open_table
+from groundkit_datasette.collection.schema import connect_readonly
+from groundkit_datasette.collection.vectors import open_table
 
 from .test_extract import make_pdf
 
@@ -524,7 +524,7 @@ def test_twenty_thousand_paths_ingest(tmp_path):
         p = docs / f"f{i:05}.txt"
         p.write_text(f"note {i}\n")
         paths.append(str(p))
-    from groundkit_datasette.ingest import Indexer
+    from groundkit_datasette.collection.ingest import Indexer
 
     report = Indexer("lots", index_dir=tmp_path / "index", embedder="none").ingest(paths + [str(docs)])
     assert report.added == 20_000 and report.failed == 0
@@ -532,7 +532,7 @@ def test_twenty_thousand_paths_ingest(tmp_path):
 
 def test_vector_coverage_counts_only_the_chunks_a_reader_may_read(tmp_path):
     """index_status.vectors, like its other counts, says nothing about hidden documents."""
-    from groundkit_datasette.acl import Reader, ScopedCollection
+    from groundkit_datasette.collection.access_lists import Reader, ScopedCollection
 
     docs = tmp_path / "docs"
     (docs / "hr").mkdir(parents=True)

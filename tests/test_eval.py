@@ -8,9 +8,9 @@ import pytrec_eval
 from click.testing import CliRunner
 
 from groundkit_datasette.cli import cli
-from groundkit_datasette.collection import Collection
+from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.errors import InvalidRequest
-from groundkit_datasette.evaluate import (
+from groundkit_datasette.retrieval.evaluate import (
     documents_from_chunks,
     evaluate,
     load_dataset,
@@ -217,7 +217,7 @@ def test_a_documents_title_reaches_every_chunk(tmp_path):
 
 def test_eval_takes_several_data_sets_in_one_command_and_records_settings(tmp_path):
     """``groundkit eval data/*``: every data set is scored, printed and stored in one batch."""
-    from groundkit_datasette import bm25
+    from groundkit_datasette.retrieval import bm25
 
     first = _write_dataset(tmp_path / "data" / "tiny")
     second = _write_dataset(tmp_path / "data" / "other", CORPUS[:4])

@@ -14,8 +14,8 @@ from datasette.app import Datasette
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.models import MAX_QUERY_CHARS, MAX_TOP_K, MAX_VECTOR_DIMS
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, MAX_VECTOR_DIMS
 
 ERROR_KEYS = {"ok", "error", "detail", "request_id"}
 MCP_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}

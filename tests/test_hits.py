@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from types import SimpleNamespace
 
-from groundkit_datasette.pages import WEAK_SCORE_RATIO, plain_text, weak_reason
+from groundkit_datasette.surfaces.pages import WEAK_SCORE_RATIO, plain_text, weak_reason
 
 from .test_paging import built, ds  # noqa: F401  (fixtures: the paging corpus, bm25 and hybrid)
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from groundkit_datasette import schema
+from groundkit_datasette.collection import schema
 from groundkit_datasette.errors import CollectionBusy, InvalidCollectionName, InvalidRequest
-from groundkit_datasette.extract import extract_file
-from groundkit_datasette.ingest import Indexer, ingest
+from groundkit_datasette.collection.extract import extract_file
+from groundkit_datasette.collection.ingest import Indexer, ingest
 
 from .conftest import snapshot
 
@@ -194,7 +194,7 @@ def test_kill_during_ingest_leaves_the_published_file_whole(tmp_path, index_dir)
     # finish before a timed kill), says so, and is killed there.
     script = (
         "import sys, time\n"
-        "from groundkit_datasette.ingest import Indexer\n"
+        "from groundkit_datasette.collection.ingest import Indexer\n"
         "written = 0\n"
         "def progress(event):\n"
         "    global written\n"
@@ -411,7 +411,7 @@ def test_vectors_bind_the_manifest_and_a_different_model_is_refused(corpus, inde
     from groundkit_datasette import plugins as gk_plugins
     from groundkit_datasette.errors import EmbedderError
     from groundkit_datasette.hookspecs import hookimpl
-    from groundkit_datasette.vectors import open_table
+    from groundkit_datasette.collection.vectors import open_table
 
     first = ingest([corpus], collection="energy", index_dir=index_dir)
     conn = open_immutable(index_dir / "energy.sqlite3")
@@ -456,13 +456,13 @@ def test_only_new_chunk_text_is_embedded_on_reingest(corpus, index_dir):
     n_chunks = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
     version = conn.execute("SELECT value FROM groundkit_manifest WHERE key='lance_version'").fetchone()[0]
     conn.close()
-    from groundkit_datasette.vectors import open_table
+    from groundkit_datasette.collection.vectors import open_table
 
     assert open_table(index_dir / "energy.lance", int(version)).count_rows() == n_chunks
 
 
 def test_pdf_chunks_keep_their_page_numbers_and_verify(tmp_path, index_dir):
-    from groundkit_datasette.collection import Collection
+    from groundkit_datasette.retrieval.collection import Collection
 
     from .test_extract import make_pdf
 

@@ -5,7 +5,7 @@ import time
 from datasette.app import Datasette
 from datasette.database import Database
 
-from groundkit_datasette.ingest import ingest
+from groundkit_datasette.collection.ingest import ingest
 from groundkit_datasette.plugin.live_database import CollectionDatabase
 
 

@@ -27,12 +27,12 @@ from pydantic import BaseModel, ConfigDict
 
 from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.mcp_server import (
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.surfaces.mcp_server import (
     ERROR_META_KEY, STATUS_META_KEY, input_schema, output_schema,
 )
-from groundkit_datasette.models import MAX_QUERY_CHARS, MAX_TOP_K
-from groundkit_datasette.tools import Tool, all_tools
+from groundkit_datasette.retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K
+from groundkit_datasette.surfaces.tools import Tool, all_tools
 
 from .conftest import snapshot, write_corpus
 
@@ -254,7 +254,7 @@ def test_stdio_stdout_carries_only_json_rpc(built, tmp_path):
     """Stray prints and fd-1 writes inside a tool call go to stderr, with the logs."""
     noisy = (
         "import os, sys\n"
-        "import groundkit_datasette.service as service\n"
+        "import groundkit_datasette.surfaces.service as service\n"
         "real = service.call_tool\n"
         "async def noisy(*args, **kwargs):\n"
         "    print('STRAY PRINT')\n"

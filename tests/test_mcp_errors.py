@@ -21,7 +21,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
 from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.ingest import ingest
+from groundkit_datasette.collection.ingest import ingest
 
 from .conftest import snapshot, write_corpus
 from .test_mcp import Served, drop_volatile, json_call, mcp_body

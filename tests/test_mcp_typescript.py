@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from groundkit_datasette.datasette_mcp_bridge import PREFIX
-from groundkit_datasette.mcp_server import ERROR_META_KEY, STATUS_META_KEY, input_schema, output_schema
-from groundkit_datasette.tools import all_tools
+from groundkit_datasette.surfaces.datasette_mcp_bridge import PREFIX
+from groundkit_datasette.surfaces.mcp_server import ERROR_META_KEY, STATUS_META_KEY, input_schema, output_schema
+from groundkit_datasette.surfaces.tools import all_tools
 
 from .conftest import snapshot
 from .test_mcp import built, cli_args, drop_volatile, json_call, json_ds  # noqa: F401  (built: fixture)

@@ -12,8 +12,8 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.tools import all_tools
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.surfaces.tools import all_tools
 
 sys.path.insert(0, str(Path(__file__).parent / "plugins"))
 import word_count  # noqa: E402

@@ -2,9 +2,9 @@ import ipaddress
 
 import pytest
 
-from groundkit_datasette import outbound
+from groundkit_datasette.security import outbound
 from groundkit_datasette.errors import UnsafeEndpoint
-from groundkit_datasette.outbound import (
+from groundkit_datasette.security.outbound import (
     check_resolved,
     classify_address,
     is_loopback,
@@ -420,8 +420,8 @@ def private_ca(tmp_path):
 
 def test_an_endpoint_behind_a_private_ca_is_reached_with_ca_bundle(private_ca):
     """Verified against the given CA and the endpoint's name, still pinned to the checked address."""
-    from groundkit_datasette.embedders import get_embedder
-    from groundkit_datasette.rerankers import get_reranker
+    from groundkit_datasette.embedding.embedders import get_embedder
+    from groundkit_datasette.retrieval.rerankers import get_reranker
 
     ca, server = private_ca
     resolved = []
@@ -444,7 +444,7 @@ def test_an_endpoint_behind_a_private_ca_is_reached_with_ca_bundle(private_ca):
 
 
 def test_without_the_ca_or_for_another_name_the_certificate_is_refused(private_ca):
-    from groundkit_datasette.embedders import OpenAICompatibleEmbedder
+    from groundkit_datasette.embedding.embedders import OpenAICompatibleEmbedder
     from groundkit_datasette.errors import EmbedderError
 
     ca, server = private_ca
@@ -464,7 +464,7 @@ def test_without_the_ca_or_for_another_name_the_certificate_is_refused(private_c
 
 
 def test_a_redirect_is_still_refused_with_a_ca_bundle(private_ca):
-    from groundkit_datasette.embedders import OpenAICompatibleEmbedder
+    from groundkit_datasette.embedding.embedders import OpenAICompatibleEmbedder
     from groundkit_datasette.errors import RedirectRefused
 
     ca, server = private_ca
@@ -478,7 +478,7 @@ def test_a_redirect_is_still_refused_with_a_ca_bundle(private_ca):
 
 
 def test_a_bad_ca_bundle_is_refused_when_configured(tmp_path):
-    from groundkit_datasette.embedders import get_embedder
+    from groundkit_datasette.embedding.embedders import get_embedder
     from groundkit_datasette.errors import EmbedderError
 
     (tmp_path / "junk.pem").write_text("not a certificate")

@@ -13,8 +13,8 @@ from datasette.app import Datasette
 from mcp import Client
 
 from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.models import MAX_OFFSET
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.retrieval.models import MAX_OFFSET
 
 from .test_mcp import Served, drop_volatile, json_call, mcp_body
 

@@ -11,10 +11,10 @@ from datasette import hookimpl
 from datasette.app import Datasette
 from datasette.plugins import pm
 
-from groundkit_datasette.acl import Reader, ScopedCollection
-from groundkit_datasette.collection import Collection
+from groundkit_datasette.collection.access_lists import Reader, ScopedCollection
+from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.errors import ChunkNotFound
-from groundkit_datasette.ingest import ingest
+from groundkit_datasette.collection.ingest import ingest
 
 from .conftest import write_corpus
 

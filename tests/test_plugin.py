@@ -8,9 +8,9 @@ import pytest
 from datasette.app import Datasette
 
 from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.ingest import ingest
+from groundkit_datasette.collection.ingest import ingest
 from groundkit_datasette.plugin import HEALTH_ROUTE, MCP_ROUTE, OPENAPI_ROUTE
-from groundkit_datasette.tools import Tool, all_tools
+from groundkit_datasette.surfaces.tools import Tool, all_tools
 
 from .conftest import snapshot
 

@@ -9,7 +9,7 @@ import pytest
 from groundkit_datasette import plugins
 from groundkit_datasette.errors import RedirectRefused, RerankerError, UnsafeEndpoint
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.rerankers import (
+from groundkit_datasette.retrieval.rerankers import (
     CrossEncoderReranker,
     HttpReranker,
     Reranker,

@@ -3,7 +3,7 @@ import shutil
 import pytest
 from pydantic import ValidationError
 
-from groundkit_datasette.collection import Collection, list_collections
+from groundkit_datasette.retrieval.collection import Collection, list_collections
 from groundkit_datasette.errors import (
     ChunkNotFound,
     CollectionNotFound,
@@ -13,8 +13,8 @@ from groundkit_datasette.errors import (
     InvalidRequest,
     RerankNotConfigured,
 )
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.models import MAX_QUERY_CHARS, MAX_TOP_K, SearchRequest
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, SearchRequest
 
 from .conftest import snapshot, write_corpus
 
@@ -165,7 +165,7 @@ def test_caller_vector_is_checked_and_used(dense_index):
     with Collection.open("energy", index_dir=dense_index) as col:
         with pytest.raises(InvalidRequest, match="384"):
             col.search(query="x", mode="dense", vector=[0.1, 0.2])
-        from groundkit_datasette.embedders import get_embedder
+        from groundkit_datasette.embedding.embedders import get_embedder
 
         vec = get_embedder("minilm").embed_query("water released through turbines at a dam")
         hits = col.search(query="ignored", mode="dense", vector=vec.tolist(), top_k=1).hits

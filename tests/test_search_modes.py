@@ -11,9 +11,9 @@ import pytest
 from datasette.app import Datasette
 from mcp import Client
 
-from groundkit_datasette.ingest import ingest
-from groundkit_datasette.models import SearchRequest
-from groundkit_datasette.modes import BUILTIN_MODES, registered_modes
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.retrieval.models import SearchRequest
+from groundkit_datasette.retrieval.modes import BUILTIN_MODES, registered_modes
 from groundkit_datasette.plugins import pm
 
 from .conftest import write_corpus

@@ -15,14 +15,14 @@ from pathlib import Path
 from datasette import hookimpl
 from datasette.utils.asgi import Response
 
-from .. import service
-from ..service import (
+from ..surfaces import service
+from ..surfaces.service import (
     MalformedBody, RequestRejected, Settings, ToolContext, call_tool, log_call, map_exception,
 )
 from ..logs import install_access_log_filter, install_call_log
-from ..tools import Tool, all_tools
-from ..access import actor_from_request, asgi_wrapper, permission_allowed  # noqa: F401  (hooks)
-from ..datasette_mcp_bridge import register_mcp_tools  # noqa: F401  (datasette-mcp's hook)
+from ..surfaces.tools import Tool, all_tools
+from ..security.boundary import actor_from_request, asgi_wrapper, permission_allowed  # noqa: F401  (hooks)
+from ..surfaces.datasette_mcp_bridge import register_mcp_tools  # noqa: F401  (datasette-mcp's hook)
 from .live_database import CollectionDatabase, follow_collections
 from .ui_hooks import render_cell, table_actions  # noqa: F401  (hookimpls must be attributes here)
 
@@ -182,8 +182,8 @@ def _json_view(tool: Tool):
 def routes_for(tools) -> list[tuple[str, object]]:
     """(regex, view) for every JSON and HTML route in the table, the MCP endpoint, and the
     two routes that describe the API rather than call it (OpenAPI, health)."""
-    from ..pages import html_view
-    from ..mcp_server import mcp_http_view
+    from ..surfaces.pages import html_view
+    from ..surfaces.mcp_server import mcp_http_view
 
     routes = []
     for tool in tools:
@@ -197,7 +197,7 @@ def routes_for(tools) -> list[tuple[str, object]]:
 
 
 async def openapi_view(datasette, request):
-    from ..openapi import openapi_document
+    from ..surfaces.openapi import openapi_document
 
     if request.method != "GET":
         return _json({"ok": False, "error": "method_not_allowed", "detail": "use GET"}, 405)
@@ -239,12 +239,12 @@ def startup(datasette):
     settings = settings_for(datasette)
     settings.check_paths()
     registry_for(datasette).check_models()
-    from ..access import hide_secrets
+    from ..security.boundary import hide_secrets
 
     hide_secrets(datasette)  # after settings_for: the parsed settings keep the values
     install_access_log_filter()
     install_call_log()
-    from ..access import startup_checks
+    from ..security.boundary import startup_checks
 
     startup_checks(settings)
 
@@ -260,7 +260,7 @@ def startup(datasette):
 
 def attach_index_dir(datasette, index_dir: Path) -> list[str]:
     """Add every collection in ``index_dir`` as an immutable database."""
-    from ..collection import list_collections
+    from ..retrieval.collection import list_collections
 
     added = []
     for name in list_collections(index_dir).collections:

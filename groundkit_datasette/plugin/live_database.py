@@ -17,9 +17,9 @@ from pathlib import Path
 
 from datasette.database import Database
 
-from ..acl import connection_is_protected, deny_row_reads
-from ..collection import FileIdentity
-from ..schema import connect_readonly, is_collection_file
+from ..collection.access_lists import connection_is_protected, deny_row_reads
+from ..retrieval.collection import FileIdentity
+from ..collection.schema import connect_readonly, is_collection_file
 
 
 # What Datasette's own start-up allows for counting an immutable database's tables.

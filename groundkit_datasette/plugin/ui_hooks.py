@@ -12,8 +12,8 @@ import urllib.parse
 from datasette import hookimpl
 from markupsafe import Markup, escape
 
-from ..models import CHUNK_ID_PATTERN
-from ..names import NAME_PATTERN
+from ..retrieval.models import CHUNK_ID_PATTERN
+from ..collection.names import NAME_PATTERN
 
 _CHUNK_ID = re.compile(CHUNK_ID_PATTERN)
 
@@ -27,7 +27,7 @@ def _is_collection(datasette, database: str) -> bool:
 
 
 def _path(datasette, html_route_tool: str, **params) -> str:
-    from ..tools import all_tools
+    from ..surfaces.tools import all_tools
 
     tool = next(t for t in all_tools() if t.name == html_route_tool)
     return datasette.urls.path(tool.path_for_html(**params))

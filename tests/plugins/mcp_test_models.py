@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict
 
 from groundkit_datasette.errors import EmbedderError
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.tools import Tool
+from groundkit_datasette.surfaces.tools import Tool
 
 DIMS = 8
 # Appears in no answer: the 502's text is fixed (the service's words go to the log only).

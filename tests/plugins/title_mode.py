@@ -6,7 +6,7 @@ deliberately ignores access lists and filters: the search must apply them for it
 import re
 
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.modes import SearchMode
+from groundkit_datasette.retrieval.modes import SearchMode
 
 
 def rank_by_title(ctx):

@@ -3,7 +3,7 @@
 from pydantic import BaseModel, ConfigDict, Field
 
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.tools import Tool
+from groundkit_datasette.surfaces.tools import Tool
 
 
 class WordCountRequest(BaseModel):

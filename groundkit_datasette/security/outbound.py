@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .errors import RedirectRefused, UnsafeEndpoint
+from ..errors import RedirectRefused, UnsafeEndpoint
 
 #: ``resolver(host, port)`` returns the IP address strings ``host`` resolves to.
 Resolver = Callable[[str, int], Iterable[str]]
@@ -363,7 +363,7 @@ class GuardedHTTPService:
         """
         import httpx
 
-        from .errors import GroundkitError
+        from ..errors import GroundkitError
 
         try:
             response = guarded_send(

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import click
 
-from .errors import GroundkitError
-from .names import SQLITE_SUFFIX, resolve_collection_arg
+from ..errors import GroundkitError
+from ..collection.names import SQLITE_SUFFIX, resolve_collection_arg
 
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
 
 def collection_files(targets, index_dir: str = ".") -> list[Path]:
     """The collection files ``targets`` name: directories give all their collections."""
-    from .collection import list_collections
-    from .schema import is_collection_file
+    from ..retrieval.collection import list_collections
+    from ..collection.schema import is_collection_file
 
     files: list[Path] = []
     for target in targets or (index_dir,):
@@ -55,7 +55,7 @@ def collection_files(targets, index_dir: str = ".") -> list[Path]:
 
 
 def is_loopback_host(host: str) -> bool:
-    from .access import loopback_ip
+    from ..security.boundary import loopback_ip
 
     return host.strip().lower() in ("localhost",) or loopback_ip(host.strip("[]"))
 

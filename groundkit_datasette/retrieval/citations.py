@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .extract import MAX_FILE_BYTES, Skipped, extract_bytes, extractor_available
+from ..collection.extract import MAX_FILE_BYTES, Skipped, extract_bytes, extractor_available
 
 __all__ = ["Relocation", "Verification", "verify_citation"]
 

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import bm25
-from .acl import ACLResolver
+from ..retrieval import bm25
+from .access_lists import ACLResolver
 from .chunking import chunk_text
-from .errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
+from ..errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
 from .extract import Skipped, extract_bytes, page_for_offset
-from .plugins import DEFAULT_EMBEDDER
+from ..plugins import DEFAULT_EMBEDDER
 from .names import lance_path, sqlite_path, validate_name
 from .schema import (add_encoding_column, check_stamp, create_schema, index_new_chunks,
                      read_manifest, suspend_fts_trigger)
@@ -434,7 +434,7 @@ class Indexer:
                     "and --embedder none would leave new chunks without vectors"
                 )
             return None, False
-        from .embedders import get_embedder  # not for BM25-only runs: it loads onnxruntime
+        from ..embedding.embedders import get_embedder  # not for BM25-only runs: it loads onnxruntime
 
         embedder = get_embedder(name, **self.embedder_options)
         backfill = False

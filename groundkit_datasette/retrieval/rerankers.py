@@ -16,12 +16,12 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from . import outbound
+from ..security import outbound
 
-from . import plugins
-from .errors import RerankerError
-from .hookspecs import hookimpl
-from .onnx_cpu import cpu_session
+from .. import plugins
+from ..errors import RerankerError
+from ..hookspecs import hookimpl
+from ..embedding.onnx_cpu import cpu_session
 
 
 @runtime_checkable
@@ -268,7 +268,7 @@ class HttpReranker(outbound.GuardedHTTPService):
         ca_bundle: str | None = None,
         resolver=None,
     ):
-        from . import outbound
+        from ..security import outbound
 
         if flavor not in _FLAVORS:
             raise RerankerError(f"flavor must be one of: {', '.join(_FLAVORS)}")

@@ -15,7 +15,7 @@ from datasette.utils import tilde_encode
 from datasette.utils.asgi import Response
 from markupsafe import Markup, escape
 
-from .bm25 import STOP_WORDS, tokenize
+from ..retrieval.bm25 import STOP_WORDS, tokenize
 from .service import ToolContext, call_tool
 from .tools import BUILTIN_TOOLS, Tool, all_tools
 
@@ -23,7 +23,7 @@ _FORM_FIELDS = {"q": "query", "mode": "mode", "top_k": "top_k", "rerank": "reran
                 "source": "source", "offset": "offset", "group": "group_by_document"}
 _FORM_FLAGS = ("rerank", "group_by_document")
 SNIPPET_CHARS = 360
-_STATIC_DIR = Path(__file__).parent / "plugin" / "static"
+_STATIC_DIR = Path(__file__).parent.parent / "plugin" / "static"
 NO_RERANKER = "no reranker is configured on this server"
 CONTEXT_CHARS = 400  # verify_citation's default context on each side
 
@@ -232,7 +232,7 @@ def _components(hit) -> list[dict]:
 
 def _mode_options(status, selected: str | None) -> list[dict]:
     """Every registered mode; those this server cannot run here are shown disabled."""
-    from .modes import registered_modes
+    from ..retrieval.modes import registered_modes
 
     available = set(status.modes) if status is not None else {"bm25"}
     reason = (status.dense_unavailable_reason if status else None) or "dense search is unavailable"
@@ -246,7 +246,7 @@ def _mode_options(status, selected: str | None) -> list[dict]:
 
 def _search_form(datasette, collection: str, status, arguments: dict, response, reranker: bool):
     """Values for the search form: echo the request, default the mode like the service does."""
-    from .modes import mode_names
+    from ..retrieval.modes import mode_names
 
     mode = arguments.get("mode")
     if mode not in mode_names():
@@ -273,7 +273,7 @@ def _search_form(datasette, collection: str, status, arguments: dict, response, 
 
 
 def _settings(datasette):
-    from .plugin import settings_for
+    from ..plugin import settings_for
 
     return settings_for(datasette)
 
@@ -404,7 +404,7 @@ _CONTEXT = {
 
 def html_view(tool: Tool):
     async def view(datasette, request):
-        from .plugin import registry_for
+        from ..plugin import registry_for
 
         registry = registry_for(datasette)
         ctx = ToolContext(registry, request.actor, "html")

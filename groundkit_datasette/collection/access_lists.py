@@ -28,7 +28,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ChunkNotFound
+from ..errors import ChunkNotFound
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ def collection_has_acl(path: Path) -> bool:
     Only for decisions that are re-checked against the version read: Datasette's
     ``permission_allowed`` (backed by ``deny_row_reads`` on the connection that runs the
     query). groundkit's own surfaces ask the open ``Collection``."""
-    from .collection import FileIdentity
+    from ..retrieval.collection import FileIdentity
     from .schema import connect_readonly
 
     try:
@@ -325,8 +325,8 @@ class ScopedCollection:
         return self._access if self._access.hidden_documents else None
 
     def search(self, request=None, /, **fields):
-        from .models import SearchRequest
-        from .search import run_search
+        from ..retrieval.models import SearchRequest
+        from ..retrieval.search import run_search
 
         if request is None:
             request = SearchRequest(**fields)

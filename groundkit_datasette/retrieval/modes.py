@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .hookspecs import hookimpl
+from ..hookspecs import hookimpl
 
 # Candidates taken from each list before reciprocal rank fusion.
 HYBRID_DEPTH = 100
@@ -122,7 +122,7 @@ def register_search_modes(register):
 
 def registered_modes() -> dict[str, SearchMode]:
     """Every registered mode by name: the built-ins first, then plugins' in load order."""
-    from .plugins import pm, _load_builtins
+    from ..plugins import pm, _load_builtins
 
     _load_builtins()
     found: dict[str, SearchMode] = {}

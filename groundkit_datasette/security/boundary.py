@@ -26,9 +26,9 @@ from urllib.parse import urlsplit
 from datasette import hookimpl
 
 from .auth import ABSENT, Authenticator, Outcome
-from .logs import REQUEST_LINE
+from ..logs import REQUEST_LINE
 from .outbound import classify_address
-from .service import ErrorInfo
+from ..surfaces.service import ErrorInfo
 
 log = logging.getLogger("groundkit")
 access_log = logging.getLogger("groundkit.access")
@@ -185,7 +185,7 @@ def is_public_path(datasette, scope, public_paths) -> bool:
 
 
 def authenticator_for(datasette) -> Authenticator:
-    from .plugin import settings_for
+    from ..plugin import settings_for
 
     auth = getattr(datasette, "_groundkit_authenticator", None)
     if auth is None:
@@ -273,7 +273,7 @@ async def refusal(datasette, scope, receive, *, authenticate=True):
     ``authenticate=False`` (static assets, operator-listed public paths) keeps the
     loopback, Host and Origin rules and skips only "published means authenticated".
     """
-    from .plugin import settings_for
+    from ..plugin import settings_for
 
     settings = settings_for(datasette)
     if not settings.allow_remote_access:
@@ -307,7 +307,7 @@ _DATABASE_LIST_HIDDEN = (
 
 async def database_list_refusal(datasette, scope, receive):
     """``/-/databases`` gets the guard of a collection page; when published, it is root's only."""
-    from .plugin import settings_for
+    from ..plugin import settings_for
 
     refused, scope = await refusal(datasette, scope, receive)
     if refused is not None or not settings_for(datasette).allow_remote_access:
@@ -345,7 +345,7 @@ async def send_refusal(scope, send, status: int, kind: str, detail: str) -> None
 
 def _route_label(datasette, scope) -> str:
     """A path for the log line with nothing the caller chose beyond the route's shape."""
-    from .logs import route_label
+    from ..logs import route_label
 
     return route_label(_strip_base_url(datasette, scope.get("path") or ""))
 
@@ -420,7 +420,7 @@ def asgi_wrapper(datasette):
         async def groundkit_access(scope, receive, send):
             if scope.get("type") not in ("http", "websocket"):
                 return await app(scope, receive, send)
-            from .plugin import settings_for
+            from ..plugin import settings_for
 
             route = _route_label(datasette, scope)
             scope = dict(scope, **{ROUTE_SCOPE_KEY: route})
@@ -462,8 +462,8 @@ def permission_allowed(datasette, actor, action, resource):
     database = resource[0] if isinstance(resource, (tuple, list)) else resource
     if not isinstance(database, str):
         return None
-    from .acl import collection_has_acl
-    from .plugin import registry_for
+    from ..collection.access_lists import collection_has_acl
+    from ..plugin import registry_for
 
     registry = registry_for(datasette)
     if database == "_memory" and getattr(datasette, "crossdb", False):

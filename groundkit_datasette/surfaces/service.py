@@ -15,13 +15,13 @@ from pathlib import Path
 import click
 from pydantic import ValidationError
 
-from . import errors as E
-from .auth import OIDCConfig, StaticToken, parse_oidc, parse_tokens
-from .collection import Collection
-from .logs import REQUEST_LINE
-from .models import MAX_QUERY_CHARS, MAX_TOP_K, SearchRequest
-from .names import validate_name
-from .schema import is_collection_file
+from .. import errors as E
+from ..security.auth import OIDCConfig, StaticToken, parse_oidc, parse_tokens
+from ..retrieval.collection import Collection
+from ..logs import REQUEST_LINE
+from ..retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, SearchRequest
+from ..collection.names import validate_name
+from ..collection.schema import is_collection_file
 
 log = logging.getLogger("groundkit")
 access_log = logging.getLogger("groundkit.access")
@@ -224,7 +224,7 @@ class Registry:
     def check_models(self) -> None:
         """At start-up: build the configured embedder and reranker (names and options checked;
         no model is loaded yet), so a typo stops the server instead of failing every request."""
-        from .errors import GroundkitError
+        from ..errors import GroundkitError
 
         try:
             self._models()
@@ -267,11 +267,11 @@ class Registry:
         if not self._models_loaded:
             s = self.settings
             if s.embedder:
-                from .embedders import get_embedder
+                from ..embedding.embedders import get_embedder
 
                 self._embedder = get_embedder(s.embedder, **(s.embedder_options or {}))
             if s.reranker:
-                from .rerankers import get_reranker
+                from ..retrieval.rerankers import get_reranker
 
                 self._reranker = get_reranker(s.reranker, **(s.reranker_options or {}))
             self._models_loaded = True
@@ -294,7 +294,7 @@ class Registry:
         Run in a thread at start-up: importing lancedb alone takes seconds, and
         none of this reads per-corpus data beyond the manifests.
         """
-        from .search import query_embedder
+        from ..retrieval.search import query_embedder
 
         try:
             import lancedb  # noqa: F401
@@ -308,7 +308,7 @@ class Registry:
             log.debug("warm-up skipped: %s", type(exc).__name__)
 
     def candidate_names(self) -> list[str]:
-        from .names import NAME_PATTERN
+        from ..collection.names import NAME_PATTERN
 
         return [
             name
@@ -360,7 +360,7 @@ class ToolContext:
 
     def scoped(self, collection: Collection):
         """The collection as this caller sees it: only documents its actor may read (acl.py)."""
-        from .acl import Reader, ScopedCollection
+        from ..collection.access_lists import Reader, ScopedCollection
 
         return ScopedCollection(collection, Reader.from_actor(self.actor))
 

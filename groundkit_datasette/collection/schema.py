@@ -7,7 +7,7 @@ import sqlite3
 import urllib.parse
 from pathlib import Path
 
-from .errors import NotACollection, SchemaMismatch
+from ..errors import NotACollection, SchemaMismatch
 
 # 'GKDS' as a big-endian integer: identifies a groundkit collection without writing to it.
 APPLICATION_ID = 0x474B4453

@@ -55,7 +55,7 @@ def _request_scope(ctx) -> dict | None:
 async def _refused(datasette, scope: dict):
     """The access policy of ``/-/groundkit`` (loopback, Host/Origin, authentication), applied
     to a call through ``/-/mcp``, a path our ASGI guard does not cover. ErrorInfo or None."""
-    from .access import refusal
+    from ..security.boundary import refusal
     from .service import ErrorInfo
 
     async def receive():

@@ -16,14 +16,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import outbound
+from ..security import outbound
 
-from . import plugins
-from .errors import EmbedderError
-from .hookspecs import hookimpl
+from .. import plugins
+from ..errors import EmbedderError
+from ..hookspecs import hookimpl
 from .onnx_cpu import cpu_session
 
-from .plugins import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
+from ..plugins import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
 
 
 class Embedder:
@@ -309,7 +309,7 @@ class OpenAICompatibleEmbedder(outbound.GuardedHTTPService, Embedder):
         ca_bundle: str | None = None,
         resolver=None,
     ):
-        from . import outbound
+        from ..security import outbound
 
         if not isinstance(model, str) or not model.strip():
             raise EmbedderError("model must be a non-empty string")

@@ -13,7 +13,7 @@ from typing import Awaitable, Callable, Literal
 
 from pydantic import BaseModel
 
-from .models import (
+from ..retrieval.models import (
     ChunkResponse,
     CollectionsResponse,
     FetchChunkRequest,
@@ -147,14 +147,14 @@ BUILTIN_TOOLS = (
 
 def all_tools() -> tuple[Tool, ...]:
     """The built-ins plus every tool added through the ``register_tools`` hook."""
-    from .plugins import pm, _load_builtins
+    from ..plugins import pm, _load_builtins
 
     _load_builtins()
     tools = list(BUILTIN_TOOLS)
 
     def register(tool):
         if not isinstance(tool, Tool):
-            raise TypeError("register_tools: register() takes a groundkit_datasette.tools.Tool")
+            raise TypeError("register_tools: register() takes a groundkit_datasette.surfaces.tools.Tool")
         tools.append(tool)
 
     pm.hook.register_tools(register=register)

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from .errors import CollectionNotFound, InvalidCollectionName
+from ..errors import CollectionNotFound, InvalidCollectionName
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 SQLITE_SUFFIX = ".sqlite3"

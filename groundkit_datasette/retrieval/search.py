@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import bm25
-from .errors import (
+from ..errors import (
     DenseUnavailable,
     EmbedderError,
     EmbedderMismatch,
@@ -18,7 +18,7 @@ from .errors import (
     RerankNotConfigured,
     RerankerError,
 )
-from .vectors import ANN_EF, ANN_REFINE
+from ..collection.vectors import ANN_EF, ANN_REFINE
 from .models import MAX_OFFSET, MAX_TOP_K, SearchRequest, SearchResponse
 
 from .modes import HYBRID_DEPTH, RRF_K, fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
@@ -41,7 +41,7 @@ def query_embedder(collection, *, probe: bool = True):
         with _embedders_lock:
             embedder = _embedders.get(name)
             if embedder is None:
-                from .embedders import get_embedder
+                from ..embedding.embedders import get_embedder
 
                 try:
                     embedder = get_embedder(name)
@@ -260,7 +260,7 @@ def _hits(collection, ranked, components, first_rank: int = 1):
     for rank, (cid, score) in enumerate(ranked, first_rank):
         r = rows.get(cid)
         if r is None:  # a vector without its chunk row: never serve a half-consistent hit
-            from .errors import IndexInconsistent
+            from ..errors import IndexInconsistent
 
             raise IndexInconsistent(
                 "the collection's vectors and chunks disagree; re-run groundkit ingest"

@@ -14,9 +14,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import schema
+from ..collection import schema
 from .citations import verify_citation
-from .errors import ChunkNotFound, CollectionNotFound, IndexInconsistent, NotACollection
+from ..errors import ChunkNotFound, CollectionNotFound, IndexInconsistent, NotACollection
 from .models import (
     ChunkCitation,
     ChunkResponse,
@@ -26,8 +26,8 @@ from .models import (
     SearchRequest,
     SearchResponse,
 )
-from .names import LANCE_SUFFIX, NAME_PATTERN, SQLITE_SUFFIX, sqlite_path, validate_name
-from .vectors import open_table
+from ..collection.names import LANCE_SUFFIX, NAME_PATTERN, SQLITE_SUFFIX, sqlite_path, validate_name
+from ..collection.vectors import open_table
 
 
 @dataclass(frozen=True)
@@ -126,7 +126,7 @@ class Collection:
         """Whether this version has (or a former one had) access lists; asked of this
         object's own connection, so a publish cannot change the answer mid-request."""
         if self._protected is None:
-            from .acl import connection_is_protected
+            from ..collection.access_lists import connection_is_protected
 
             with self._lock:
                 self._protected = connection_is_protected(self._conn)

@@ -24,9 +24,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from .errors import InvalidRequest
+from ..errors import InvalidRequest
 from .models import MAX_QUERY_CHARS, SearchRequest
-from .names import NAME_PATTERN
+from ..collection.names import NAME_PATTERN
 
 MODES = ("bm25", "dense", "hybrid")
 DEFAULT_DEPTH = 100
@@ -250,7 +250,7 @@ def _dense_cap(collection, depth: int) -> int:
 
     So a dense list over an ANN index may hold fewer than ``depth`` chunks.
     """
-    from . import vectors
+    from ..collection import vectors
 
     ef = getattr(vectors, "ANN_EF", None)
     if collection.manifest.get("ann_index") and ef:
@@ -316,7 +316,7 @@ def default_collection_name(dataset: Dataset) -> str:
 
 def build_collection(dataset: Dataset, name: str, index_dir: Path, embedder: str | None, progress=None):
     """Write the sources and ingest them incrementally; an unchanged corpus publishes nothing."""
-    from .ingest import Indexer
+    from ..collection.ingest import Indexer
 
     sources = index_dir / f"{name}-sources"
     sync = write_sources(dataset.corpus(), sources)
@@ -346,7 +346,7 @@ def evaluate(
     if not 10 <= depth <= 1000:
         raise InvalidRequest("depth (--top-k) must be between 10 and 1000")
     if rerank and reranker is None:
-        from .errors import RerankNotConfigured
+        from ..errors import RerankNotConfigured
 
         raise RerankNotConfigured("--rerank needs a reranker (--reranker NAME)")
     for mode in modes or ():
@@ -441,7 +441,7 @@ def evaluate_many(dataset_dirs: Iterable[str | Path], *, collection: str | None 
         raise InvalidRequest("two data set directories have the same name; evaluate them separately")
     batch = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%S") + "-" + \
         hashlib.sha256(repr((dirs, time.time_ns())).encode()).hexdigest()[:8]
-    from .errors import GroundkitError
+    from ..errors import GroundkitError
 
     if len(dirs) == 1:  # a single data set's error is the command's error
         return [evaluate(dirs[0], collection=collection, log=log, batch=batch, **options)], {}
@@ -565,7 +565,7 @@ CREATE TABLE IF NOT EXISTS query_results (
 
 def store_runs(path: Path, report: EvalReport, reranker_name: str | None = None) -> list[int]:
     """Append one ``runs`` row per mode and its per-query rows; returns the new run ids."""
-    from . import __version__
+    from .. import __version__
 
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(path)
