@@ -83,3 +83,7 @@ class CollectionBusy(GroundkitError):
 
 class IngestError(GroundkitError):
     kind = "ingest_error"
+
+
+class DocumentNotFound(GroundkitError):
+    kind = "document_not_found"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -219,3 +220,57 @@ class CollectionsResponse(Response):
 from .citations import Verification as VerificationModel  # noqa: E402
 
 ChunkResponse.model_rebuild()
+
+
+# -- one document, read whole (fetch_document) ---------------------------------------
+
+DOCUMENT_ID_PATTERN = r"^d_[0-9a-f]{20}$"
+
+
+class FetchDocumentRequest(Request):
+    document_id: str = Field(pattern=DOCUMENT_ID_PATTERN,
+                             description="A document_id from a search hit or fetched chunk.")
+
+
+class DocumentHeading(Response):
+    """One entry of a document's table of contents: a heading path and the chunk it starts."""
+
+    heading: str
+    depth: int
+    chunk_id: str
+
+
+class DocumentChunk(Response):
+    chunk_id: str
+    chunk_index: int
+    start_offset: int
+    end_offset: int
+    line_start: int
+    line_end: int
+    page_start: int | None = None
+    page_end: int | None = None
+    heading: str
+    content: str
+    shown_from: int = Field(
+        default=0, description="Characters at the start of content the previous chunk already "
+        "covers (chunk overlap): content[shown_from:] continues the document's text.")
+
+
+class DocumentVerification(Response):
+    status: Literal["unchanged", "changed", "missing", "unresolvable"]
+    reason: str
+
+
+class DocumentResponse(Response):
+    collection: str
+    generation: int
+    document_id: str
+    source: str
+    title: str | None
+    char_count: int
+    line_count: int
+    page_count: int | None = None
+    ingested_at: str
+    verification: DocumentVerification
+    headings: list[DocumentHeading]
+    chunks: list[DocumentChunk]

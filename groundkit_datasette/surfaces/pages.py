@@ -337,6 +337,7 @@ async def _search_context(datasette, request, ctx, response, arguments, status=N
             "title": hit.heading or document,
             "document": document,
             "url": _chunk_url(datasette, collection, hit.chunk_id),
+            "document_url": _document_url(datasette, collection, hit.document_id, hit.chunk_id),
             "lines": span_label("line", hit.line_start, hit.line_end),
             "pages": span_label("page", hit.page_start, hit.page_end),
             "score": f"{hit.score:.4g}",
@@ -390,6 +391,52 @@ async def _chunk_context(datasette, request, ctx, response, arguments, status=No
         "chunk_row_url": datasette.urls.table(collection, "chunks")
         + "?" + urllib.parse.urlencode({"chunk_id": chunk.chunk_id}),
         "document_url": datasette.urls.row(collection, "documents", tilde_encode(chunk.document_id)),
+        "document_page_url": _document_url(datasette, collection, chunk.document_id, chunk.chunk_id),
+        "search_url": datasette.urls.path(_tool_named("search").path_for_html(collection=collection)),
+    }
+
+
+def _document_url(datasette, collection: str, document_id: str, chunk_id: str | None = None) -> str:
+    path = datasette.urls.path(_tool_named("fetch_document").path_for_html(
+        collection=collection, document_id=urllib.parse.quote(document_id, safe="")))
+    if chunk_id:
+        path += "?" + urllib.parse.urlencode({"chunk": chunk_id}) + "#" + chunk_id
+    return path
+
+
+_DOCUMENT_STATUS_MARK = {"unchanged": "✓", "changed": "!", "missing": "?", "unresolvable": "?"}
+MAX_TOC_DEPTH = 5
+
+
+async def _document_context(datasette, request, ctx, response, arguments, status=None):
+    if response is None:
+        return {}
+    collection = request.url_vars["collection"]
+    known = {c.chunk_id for c in response.chunks}
+    cited = request.args.get("chunk")
+    cited = cited if cited in known else None  # anything else is ignored, never echoed
+    blocks = [{
+        "chunk": c,
+        "text": c.content[c.shown_from:],
+        "cited": c.chunk_id == cited,
+        "url": _chunk_url(datasette, collection, c.chunk_id),
+        "lines": span_label("line", c.line_start, c.line_end),
+        "pages": span_label("page", c.page_start, c.page_end),
+    } for c in response.chunks]
+    toc = [{"label": h.heading.split(" > ")[-1], "path": h.heading, "href": "#" + h.chunk_id,
+            "depth": min(h.depth, MAX_TOC_DEPTH)} for h in response.headings]
+    v = response.verification
+    return {
+        "document": response,
+        "blocks": blocks,
+        "toc": toc,
+        "cited": cited,
+        "status_mark": _DOCUMENT_STATUS_MARK[v.status],
+        "document_row_url": datasette.urls.row(collection, "documents",
+                                               tilde_encode(response.document_id)),
+        "chunks_rows_url": datasette.urls.table(collection, "chunks")
+        + "?" + urllib.parse.urlencode({"document_id": response.document_id,
+                                        "_sort": "chunk_index"}),
         "search_url": datasette.urls.path(_tool_named("search").path_for_html(collection=collection)),
     }
 
@@ -399,6 +446,7 @@ _CONTEXT = {
     "index_status": _status_context,
     "search": _search_context,
     "fetch_chunk": _chunk_context,
+    "fetch_document": _document_context,
 }
 
 
