@@ -125,7 +125,8 @@ async def test_every_documented_operation_answers(collection, corpus):
     ds = make_ds(collection, corpus)
     doc = await fetch_doc(ds)
     hit = (await ds.client.get("/energy/-/groundkit/search.json?query=wind")).json()["hits"][0]
-    values = {"collection": "energy", "chunk_id": hit["chunk_id"], "query": "wind"}
+    values = {"collection": "energy", "chunk_id": hit["chunk_id"], "query": "wind",
+              "document_id": hit["document_id"]}
     for route, item in doc["paths"].items():
         path = route.format(**values)
         for method in ("get", "post"):
