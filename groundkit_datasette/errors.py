@@ -4,6 +4,8 @@ Messages name the problem and never echo paths, URLs or secrets: the
 service surfaces pass ``str(error)`` of allow-listed types to callers.
 """
 
+from dataclasses import dataclass
+
 
 class GroundkitError(Exception):
     """Base class; its message is safe to show to a caller."""
@@ -25,6 +27,10 @@ class CollectionNotFound(GroundkitError):
 
 class ChunkNotFound(GroundkitError):
     kind = "chunk_not_found"
+
+
+class DocumentNotFound(GroundkitError):
+    kind = "document_not_found"
 
 
 class NotACollection(GroundkitError):
@@ -85,5 +91,13 @@ class IngestError(GroundkitError):
     kind = "ingest_error"
 
 
-class DocumentNotFound(GroundkitError):
-    kind = "document_not_found"
+@dataclass(frozen=True)
+class ErrorInfo:
+    """One error as every surface answers it: status, kind and a text that echoes nothing."""
+
+    status: int
+    kind: str
+    detail: str
+
+    def body(self, request_id: str) -> dict:
+        return {"ok": False, "error": self.kind, "detail": self.detail, "request_id": request_id}

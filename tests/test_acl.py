@@ -14,7 +14,8 @@ from datasette.app import Datasette
 
 from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette.retrieval import search as gk_search
-from groundkit_datasette.collection.access_lists import DENY_ALL, DIRECTORY_FILE as DIRECTORY, Reader, ScopedCollection, normalize
+from groundkit_datasette.collection.access_lists import DENY_ALL, DIRECTORY_FILE as DIRECTORY, normalize
+from groundkit_datasette.retrieval.permissions import Reader, ScopedCollection
 from groundkit_datasette.security.auth import hash_token
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.hookspecs import hookimpl

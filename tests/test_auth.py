@@ -25,6 +25,7 @@ from datasette.app import Datasette
 
 from groundkit_datasette.security import auth as gk_auth
 from groundkit_datasette.security.boundary import authenticator_for
+from groundkit_datasette.surfaces.service import settings_for
 from groundkit_datasette.security.auth import hash_token
 from groundkit_datasette.collection.ingest import ingest
 from groundkit_datasette.surfaces.mcp_server import input_schema
@@ -315,7 +316,7 @@ async def test_an_invalid_token_is_refused_on_loopback_too(built, jwks, pki, key
 async def test_unknown_kid_refetches_at_most_every_30_seconds(built, jwks, pki, keys):
     ds = make_ds(built, oidc=oidc_config(jwks, pki))
     clock = Clock()
-    authenticator_for(ds).oidc.clock = clock
+    authenticator_for(ds, settings_for(ds)).oidc.clock = clock
     rotated = token(keys["rotated"], kid="rsa-2")
     async with client_for(ds) as client:
         assert (await get(client, "/-/groundkit/collections.json", token(keys["rsa"]))).status_code == 200
@@ -341,7 +342,7 @@ async def test_unknown_kid_refetches_at_most_every_30_seconds(built, jwks, pki, 
 async def test_keys_are_kept_300_seconds(built, jwks, pki, keys):
     ds = make_ds(built, oidc=oidc_config(jwks, pki))
     clock = Clock()
-    authenticator_for(ds).oidc.clock = clock
+    authenticator_for(ds, settings_for(ds)).oidc.clock = clock
     async with client_for(ds) as client:
         for _ in range(3):
             assert (await get(client, "/-/groundkit/collections.json", token(keys["rsa"]))).status_code == 200
@@ -358,7 +359,7 @@ async def test_provider_unreachable_answers_503_with_nothing(built, jwks, pki, k
     ds = make_ds(built, oidc=oidc_config(jwks, pki),
                  tokens=[{"id": "ci-bot", "sha256": hash_token("static-token-1")}])
     clock = Clock()
-    authenticator_for(ds).oidc.clock = clock
+    authenticator_for(ds, settings_for(ds)).oidc.clock = clock
     async with client_for(ds) as client:
         assert (await get(client, "/energy/-/groundkit/status.json", token(keys["rsa"]))).status_code == 200
         jwks.mode = "error"
@@ -389,7 +390,7 @@ async def test_provider_down_hanging_or_untrusted_answers_503(built, jwks, pki, 
         ds = make_ds(built, oidc=config)
         if name == "hangs":
             jwks.mode = "hang"
-            authenticator_for(ds).oidc.timeout = 0.5
+            authenticator_for(ds, settings_for(ds)).oidc.timeout = 0.5
         started = time.monotonic()
         async with client_for(ds) as client:
             r = await get(client, "/-/groundkit/collections.json", token(keys["rsa"]))

@@ -112,7 +112,7 @@ def test_a_readers_idf_counts_hidden_documents_not_their_chunks(tmp_path):
     """Per-reader IDF (adr/0007) recounts in the unit the stored weights use: documents."""
     import json
 
-    from groundkit_datasette.collection.access_lists import Reader, ScopedCollection
+    from groundkit_datasette.retrieval.permissions import Reader, ScopedCollection
     from groundkit_datasette.retrieval.models import SearchRequest
 
     def public_score(name, every):
@@ -200,9 +200,11 @@ def test_stored_weights_are_bm25_over_chunks_with_document_idf(tmp_path):
 
 
 def test_tokenizer_rules_for_hyphens_apostrophes_numbers_and_single_characters():
-    """Kept as measured in adr/0011-quality-bm25.md: hyphens and apostrophes split words, numbers
+    """Kept as measured in adr/0018-bm25-over-chunks.md: hyphens and apostrophes split words, numbers
     and one-character words are terms (vitamin D), our stop words go."""
-    stem = bm25._stemmer.stemWords
+    from groundkit_datasette.collection import terms
+
+    stem = terms._stemmer.stemWords
     assert bm25.tokenize("Free-flight tests of Vitamin D, 42 don't fail") == stem(
         ["free", "flight", "tests", "vitamin", "d", "42", "fail"])
     assert bm25.tokenize("The and of") == []

@@ -532,7 +532,7 @@ def test_twenty_thousand_paths_ingest(tmp_path):
 
 def test_vector_coverage_counts_only_the_chunks_a_reader_may_read(tmp_path):
     """index_status.vectors, like its other counts, says nothing about hidden documents."""
-    from groundkit_datasette.collection.access_lists import Reader, ScopedCollection
+    from groundkit_datasette.retrieval.permissions import Reader, ScopedCollection
 
     docs = tmp_path / "docs"
     (docs / "hr").mkdir(parents=True)

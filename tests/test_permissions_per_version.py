@@ -11,7 +11,7 @@ from datasette import hookimpl
 from datasette.app import Datasette
 from datasette.plugins import pm
 
-from groundkit_datasette.collection.access_lists import Reader, ScopedCollection
+from groundkit_datasette.retrieval.permissions import Reader, ScopedCollection
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.errors import ChunkNotFound
 from groundkit_datasette.collection.ingest import ingest

@@ -8,7 +8,7 @@ Text that is not UTF-8 is decoded by a fixed rule, not guessed by a
 detector: a BOM (UTF-8 or UTF-16), else UTF-8, else Windows-1252, else
 Latin-1 (which decodes any bytes). The encoding used is returned with the
 text and recorded per document, and verification decodes with the
-recorded one (adr/0011-cli-text-encodings.md).
+recorded one (adr/0012-text-encodings.md).
 """
 
 from __future__ import annotations

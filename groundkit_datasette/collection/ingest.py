@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..retrieval import bm25
+from . import terms as bm25_index
 from .access_lists import ACLResolver
 from .chunking import chunk_text
 from ..errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
@@ -476,7 +476,7 @@ class Indexer:
             )
         }
         acls = ACLResolver(base)
-        terms = bm25.TermTable(conn)
+        terms = bm25_index.TermTable(conn)
         self._next_row_id = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
         first_new_row = self._next_row_id
         suspend_fts_trigger(conn)
@@ -606,7 +606,7 @@ class Indexer:
             # nothing: an empty generation 1 would look like a collection that worked.
             return False, vectors
         # New BM25 settings (k1, b, IDF unit) re-weigh the postings of an unchanged corpus.
-        rescore = manifest.get("bm25") != json.dumps(bm25.settings())
+        rescore = manifest.get("bm25") != json.dumps(bm25_index.settings())
         if changed or rechunk or rescore or manifest.get("chunker") is None:
             changed = True
             self._write_manifest(conn, manifest, embedder, chunker, generation, base)
@@ -754,7 +754,7 @@ class Indexer:
             "generation": str(generation),
             "chunker": chunker,
             "base_dir": os.path.relpath(base, self.index_dir.resolve()),
-            "bm25": json.dumps(bm25.settings()),
+            "bm25": json.dumps(bm25_index.settings()),
         }
         # Sticky: once any version had an access list, every later one says so, so a publish
         # that drops the last list cannot open Datasette's raw views mid-flight (adr/0011).
@@ -782,7 +782,7 @@ class Indexer:
 
     def _finish(self, conn, vectors) -> None:
         self.progress({"event": "postings"})
-        bm25.rebuild_postings(conn)
+        bm25_index.rebuild_postings(conn)
         if vectors is not None:
             version = vectors.commit()
             self._restrict_tree(lance_path(self.index_dir, self.name))

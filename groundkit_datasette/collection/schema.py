@@ -3,7 +3,9 @@
 See docs/collection-format.md. One place for the DDL and the stamps.
 """
 
+import os
 import sqlite3
+from dataclasses import dataclass
 import urllib.parse
 from pathlib import Path
 
@@ -171,3 +173,18 @@ def check_stamp(conn: sqlite3.Connection) -> None:
 
 def read_manifest(conn: sqlite3.Connection) -> dict:
     return dict(conn.execute("SELECT key, value FROM groundkit_manifest").fetchall())
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """Cheap fingerprint of the published file: a rename-publish changes the inode."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, path: Path) -> "FileIdentity":
+        st = os.stat(path)
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 from datasette.database import Database
 
-from ..collection.access_lists import connection_is_protected, deny_row_reads
-from ..retrieval.collection import FileIdentity
+from ..collection.access_lists import connection_is_protected
+from ..collection.schema import FileIdentity
+from ..retrieval.permissions import deny_row_reads
 from ..collection.schema import connect_readonly, is_collection_file
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..collection import schema
+from ..collection.schema import FileIdentity  # noqa: F401  (part of the reading API)
 from .citations import verify_citation
 from ..errors import ChunkNotFound, CollectionNotFound, IndexInconsistent, NotACollection
 from .models import (
@@ -28,21 +29,6 @@ from .models import (
 )
 from ..collection.names import LANCE_SUFFIX, NAME_PATTERN, SQLITE_SUFFIX, sqlite_path, validate_name
 from ..collection.vectors import open_table
-
-
-@dataclass(frozen=True)
-class FileIdentity:
-    """Cheap fingerprint of the published file: a rename-publish changes the inode."""
-
-    device: int
-    inode: int
-    size: int
-    mtime_ns: int
-
-    @classmethod
-    def of(cls, path: Path) -> "FileIdentity":
-        st = os.stat(path)
-        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class Collection:

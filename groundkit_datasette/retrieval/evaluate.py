@@ -111,7 +111,7 @@ def document_file(doc: dict) -> tuple[str, str]:
     A titled document is written as Markdown with its title as the level-1 heading, so
     ingest knows it as the title: every chunk carries its heading path (here, the title)
     into BM25 and the embedder, as for any titled Markdown file. Untitled documents are
-    plain text. See adr/0011-quality-bm25.md.
+    plain text. See adr/0018-bm25-over-chunks.md.
     """
     title = " ".join((doc.get("title") or "").split())
     text = doc.get("text") or ""

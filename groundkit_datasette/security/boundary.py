@@ -23,12 +23,11 @@ import re
 import uuid
 from urllib.parse import urlsplit
 
-from datasette import hookimpl
 
 from .auth import ABSENT, Authenticator, Outcome
 from ..logs import REQUEST_LINE
 from .outbound import classify_address
-from ..surfaces.service import ErrorInfo
+from ..errors import ErrorInfo
 
 log = logging.getLogger("groundkit")
 access_log = logging.getLogger("groundkit.access")
@@ -184,12 +183,10 @@ def is_public_path(datasette, scope, public_paths) -> bool:
 # -- authentication ---------------------------------------------------------------------
 
 
-def authenticator_for(datasette) -> Authenticator:
-    from ..plugin import settings_for
-
+def authenticator_for(datasette, settings) -> Authenticator:
+    """One authenticator per Datasette instance (it caches the provider's keys)."""
     auth = getattr(datasette, "_groundkit_authenticator", None)
     if auth is None:
-        settings = settings_for(datasette)
         auth = Authenticator(settings.tokens, settings.oidc)
         datasette._groundkit_authenticator = auth
     return auth
@@ -199,11 +196,11 @@ def _header_values(scope, name: bytes) -> list[str]:
     return [v.decode("latin-1") for k, v in scope.get("headers") or [] if k.lower() == name]
 
 
-async def authenticate_scope(datasette, scope) -> Outcome:
+async def authenticate_scope(datasette, settings, scope) -> Outcome:
     cached = scope.get(AUTH_SCOPE_KEY)
     if isinstance(cached, Outcome):
         return cached
-    auth = authenticator_for(datasette)
+    auth = authenticator_for(datasette, settings)
     if not auth.configured:
         return ABSENT
     authorization = _header_values(scope, b"authorization")
@@ -226,17 +223,6 @@ async def _any_actor(datasette, scope, receive):
         if actor:
             return actor
     return None
-
-
-@hookimpl
-def actor_from_request(datasette, request):
-    if not authenticator_for(datasette).configured:
-        return None
-
-    async def inner():
-        return (await authenticate_scope(datasette, request.scope)).actor
-
-    return inner
 
 
 # -- the wrapper ----------------------------------------------------------------------------
@@ -267,15 +253,12 @@ _REQUIRED = (
 )
 
 
-async def refusal(datasette, scope, receive, *, authenticate=True):
+async def refusal(datasette, settings, scope, receive, *, authenticate=True):
     """Why this request is refused, or None; and the scope to pass on.
 
     ``authenticate=False`` (static assets, operator-listed public paths) keeps the
     loopback, Host and Origin rules and skips only "published means authenticated".
     """
-    from ..plugin import settings_for
-
-    settings = settings_for(datasette)
     if not settings.allow_remote_access:
         if not loopback_socket(scope.get("server")):
             return _REMOTE, scope
@@ -287,7 +270,7 @@ async def refusal(datasette, scope, receive, *, authenticate=True):
             return _ORIGIN, scope
     if not authenticate:
         return None, scope
-    outcome = await authenticate_scope(datasette, scope)
+    outcome = await authenticate_scope(datasette, settings, scope)
     scope = dict(scope, **{AUTH_SCOPE_KEY: outcome})
     if outcome.state == "unavailable":
         return _UNAVAILABLE, scope
@@ -305,12 +288,10 @@ _DATABASE_LIST_HIDDEN = (
 )
 
 
-async def database_list_refusal(datasette, scope, receive):
+async def database_list_refusal(datasette, settings, scope, receive):
     """``/-/databases`` gets the guard of a collection page; when published, it is root's only."""
-    from ..plugin import settings_for
-
-    refused, scope = await refusal(datasette, scope, receive)
-    if refused is not None or not settings_for(datasette).allow_remote_access:
+    refused, scope = await refusal(datasette, settings, scope, receive)
+    if refused is not None or not settings.allow_remote_access:
         return refused, scope
     actor = await _any_actor(datasette, scope, receive)
     if isinstance(actor, dict) and actor.get("id") == "root":
@@ -411,73 +392,32 @@ def _with_security_headers(scope, send):
     return send_with_headers
 
 
-@hookimpl(trylast=True)
-def asgi_wrapper(datasette):
-    """The instance boundary. ``trylast``: applied last, so it is the outermost wrapper and
-    runs before any other plugin's wrapper, route or view."""
+def guard(datasette, settings_of, app):
+    """``app`` behind the instance boundary: every HTTP and websocket request is decided
+    here before anything of ``app`` runs. ``settings_of(datasette)`` gives the settings."""
 
-    def wrap(app):
-        async def groundkit_access(scope, receive, send):
-            if scope.get("type") not in ("http", "websocket"):
-                return await app(scope, receive, send)
-            from ..plugin import settings_for
-
-            route = _route_label(datasette, scope)
-            scope = dict(scope, **{ROUTE_SCOPE_KEY: route})
-            REQUEST_LINE.set((scope.get("method", "WS"), route))
-            if scope["type"] == "http":
-                send = _with_security_headers(scope, send)
-            if is_database_list(datasette, scope):
-                refused, scope = await database_list_refusal(datasette, scope, receive)
-            else:
-                open_path = is_open_asset(datasette, scope) or is_public_path(
-                    datasette, scope, settings_for(datasette).public_paths
-                )
-                refused, scope = await refusal(datasette, scope, receive, authenticate=not open_path)
-            if refused is not None:
-                return await send_refusal(scope, send, *refused)
+    async def groundkit_access(scope, receive, send):
+        if scope.get("type") not in ("http", "websocket"):
             return await app(scope, receive, send)
+        settings = settings_of(datasette)
+        route = _route_label(datasette, scope)
+        scope = dict(scope, **{ROUTE_SCOPE_KEY: route})
+        REQUEST_LINE.set((scope.get("method", "WS"), route))
+        if scope["type"] == "http":
+            send = _with_security_headers(scope, send)
+        if is_database_list(datasette, scope):
+            refused, scope = await database_list_refusal(datasette, settings, scope, receive)
+        else:
+            open_path = is_open_asset(datasette, scope) or is_public_path(
+                datasette, scope, settings.public_paths
+            )
+            refused, scope = await refusal(datasette, settings, scope, receive,
+                                           authenticate=not open_path)
+        if refused is not None:
+            return await send_refusal(scope, send, *refused)
+        return await app(scope, receive, send)
 
-        return groundkit_access
-
-    return wrap
-
-
-# -- Datasette's own table views ----------------------------------------------------------
-
-
-@hookimpl(trylast=True)
-def permission_allowed(datasette, actor, action, resource):
-    """Datasette's table, SQL and download views cannot apply document permissions, so
-    they are closed on any collection that has (or had) documents with an access list.
-
-    The file now at the path decides here; the connection that runs the query decides
-    again (``acl.deny_row_reads``), so a publish between the two leaks nothing. A download
-    streams whatever file is at the path when it starts, so collections are never
-    downloaded over HTTP. ``--crossdb`` attaches every file to ``_memory``, outside both
-    checks, so ``_memory`` SQL is closed while any attached collection is protected.
-    """
-    if action not in RAW_READ_ACTIONS:
-        return None
-    database = resource[0] if isinstance(resource, (tuple, list)) else resource
-    if not isinstance(database, str):
-        return None
-    from ..collection.access_lists import collection_has_acl
-    from ..plugin import registry_for
-
-    registry = registry_for(datasette)
-    if database == "_memory" and getattr(datasette, "crossdb", False):
-        if any(collection_has_acl(registry.database_path(n)) for n in registry.candidate_names()):
-            return False
-        return None
-    path = registry.database_path(database)
-    if path is None:
-        return None
-    if action == "view-database-download":
-        return False
-    if not collection_has_acl(path):
-        return None
-    return False
+    return groundkit_access
 
 
 # -- secrets in metadata -----------------------------------------------------------------

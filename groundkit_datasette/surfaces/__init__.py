@@ -1,1 +1,7 @@
-"""placeholder"""
+"""The tool table and everything that renders it: the JSON API, the HTML pages, MCP over
+stdio and HTTP, the datasette-mcp bridge, the OpenAPI document, ``groundkit serve``; the
+plugin settings, the collection registry and the one call path every surface shares
+(``service``).
+May import: ``retrieval``, ``collection``, ``embedding``, ``security`` and the shared modules.
+Never ``plugin`` or ``cli``.
+"""

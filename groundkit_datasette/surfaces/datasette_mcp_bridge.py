@@ -53,15 +53,16 @@ def _request_scope(ctx) -> dict | None:
 
 
 async def _refused(datasette, scope: dict):
-    """The access policy of ``/-/groundkit`` (loopback, Host/Origin, authentication), applied
-    to a call through ``/-/mcp``, a path our ASGI guard does not cover. ErrorInfo or None."""
+    """The instance boundary's rules, asked again for a call through ``/-/mcp`` (the ASGI
+    guard already decided the request; a tool call re-checks, in case a session outlives a
+    settings change). ErrorInfo or None."""
     from ..security.boundary import refusal
-    from .service import ErrorInfo
+    from .service import ErrorInfo, settings_for
 
     async def receive():
         return {"type": "http.request", "body": b"", "more_body": False}
 
-    refused, _ = await refusal(datasette, scope, receive)
+    refused, _ = await refusal(datasette, settings_for(datasette), scope, receive)
     return None if refused is None else ErrorInfo(*refused)
 
 

@@ -164,7 +164,7 @@ async def answer_call(
 
     Used by our own server and by the datasette-mcp bridge.
     """
-    from ..plugin import registry_for
+    from .service import registry_for
 
     request_id = request_id or uuid.uuid4().hex
     # Everything below is caught: the SDK's own exception-to-error path would show
@@ -286,7 +286,7 @@ def refuse_malformed(raw: bytes, request_id: str) -> dict | None:
 
 
 def _too_large(limit: int) -> str:
-    from ..plugin import _too_large as too_large
+    from .json_api import _too_large as too_large
 
     return str(too_large(limit)).replace("request body", "message")
 
@@ -432,7 +432,7 @@ async def run_stdio(
     Pass the stream from :func:`claim_stdout` as ``stdout`` (claimed here otherwise);
     ``stdin`` is a binary stream, by default the process's own (:func:`claim_stdin`).
     """
-    from ..plugin import settings_for
+    from .service import settings_for
 
     server = build_server(datasette, surface=SURFACE_STDIO, actor=actor)
     wire = _StdioWire(stdout if stdout is not None else claim_stdout())
@@ -455,7 +455,7 @@ class _HttpEndpoint:
     """
 
     def __init__(self, datasette):
-        from ..plugin import settings_for
+        from .service import settings_for
 
         self.loop = asyncio.get_running_loop()
         self.server = build_server(datasette, surface=SURFACE_HTTP)
@@ -620,7 +620,8 @@ async def mcp_http_view(datasette, request, scope, receive, send):
     rewrites the SDK's own refusals (its validation errors quote the input back).
     One request id names the answer (``X-Request-ID``), its log lines and its tool call.
     """
-    from ..plugin import read_body, settings_for
+    from .json_api import read_body
+    from .service import settings_for
 
     request_id = uuid.uuid4().hex
     if scope.get("method") != "POST":

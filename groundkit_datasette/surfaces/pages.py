@@ -273,7 +273,7 @@ def _search_form(datasette, collection: str, status, arguments: dict, response, 
 
 
 def _settings(datasette):
-    from ..plugin import settings_for
+    from .service import settings_for
 
     return settings_for(datasette)
 
@@ -452,7 +452,7 @@ _CONTEXT = {
 
 def html_view(tool: Tool):
     async def view(datasette, request):
-        from ..plugin import registry_for
+        from .service import registry_for
 
         registry = registry_for(datasette)
         ctx = ToolContext(registry, request.actor, "html")

@@ -16,6 +16,7 @@ import click
 from pydantic import ValidationError
 
 from .. import errors as E
+from ..errors import ErrorInfo  # noqa: F401  (the error body of every surface)
 from ..security.auth import OIDCConfig, StaticToken, parse_oidc, parse_tokens
 from ..retrieval.collection import Collection
 from ..logs import REQUEST_LINE
@@ -49,16 +50,6 @@ _FIXED = {
     502: "an upstream model service failed",
     500: "internal error",
 }
-
-
-@dataclass(frozen=True)
-class ErrorInfo:
-    status: int
-    kind: str
-    detail: str
-
-    def body(self, request_id: str) -> dict:
-        return {"ok": False, "error": self.kind, "detail": self.detail, "request_id": request_id}
 
 
 def _validation_detail(exc: ValidationError) -> str:
@@ -361,7 +352,7 @@ class ToolContext:
 
     def scoped(self, collection: Collection):
         """The collection as this caller sees it: only documents its actor may read (acl.py)."""
-        from ..collection.access_lists import Reader, ScopedCollection
+        from ..retrieval.permissions import Reader, ScopedCollection
 
         return ScopedCollection(collection, Reader.from_actor(self.actor))
 
@@ -415,3 +406,24 @@ def log_call(ctx: ToolContext, tool_name: str, status: int, started: float, resu
         "request_id=%s method=%s route=%s surface=%s tool=%s status=%s latency_ms=%.1f results=%s",
         ctx.request_id, method, route, ctx.surface, tool_name, status, elapsed, results,
     )
+
+
+# -- one Settings and one Registry per Datasette instance ----------------------------------
+
+PLUGIN = "groundkit"
+
+
+def settings_for(datasette) -> Settings:
+    cached = getattr(datasette, "_groundkit_settings", None)
+    if cached is None:
+        cached = Settings.from_config(datasette.plugin_config(PLUGIN))
+        datasette._groundkit_settings = cached
+    return cached
+
+
+def registry_for(datasette) -> Registry:
+    reg = getattr(datasette, "_groundkit_registry", None)
+    if reg is None:
+        reg = Registry(datasette, settings_for(datasette))
+        datasette._groundkit_registry = reg
+    return reg

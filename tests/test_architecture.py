@@ -1,0 +1,40 @@
+"""The layers of docs/architecture.md hold: import-linter's contract (``.importlinter``) is
+kept by the package, and it is broken by a lower layer importing a higher one."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT = Path(sys.executable).parent / "lint-imports"
+
+
+def lint(root: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(root))
+    return subprocess.run([str(LINT), "--config", str(root / ".importlinter")], cwd=root,
+                          env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_the_layer_contract_is_kept():
+    result = lint(ROOT)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "1 kept, 0 broken" in result.stdout
+
+
+def test_a_lower_layer_importing_a_higher_one_breaks_it(tmp_path):
+    shutil.copytree(ROOT / "groundkit_datasette", tmp_path / "groundkit_datasette",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / ".importlinter", tmp_path / ".importlinter")
+    auth = tmp_path / "groundkit_datasette" / "security" / "auth.py"
+    auth.write_text(auth.read_text() + "\nfrom ..surfaces import service  # noqa\n")
+    result = lint(tmp_path)
+    assert result.returncode != 0
+    assert "groundkit_datasette.security is not allowed to import" in result.stdout
+
+
+def test_every_layer_says_what_it_owns_and_may_import():
+    for layer in ("collection", "retrieval", "embedding", "surfaces", "security"):
+        doc = (ROOT / "groundkit_datasette" / layer / "__init__.py").read_text()
+        assert "May import" in doc, layer
