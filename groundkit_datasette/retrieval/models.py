@@ -192,6 +192,22 @@ class EmbeddingManifest(Response):
     dimensions: int
 
 
+class IngestFile(Response):
+    source: str
+    reason: str
+
+
+class LastIngest(Response):
+    """What the run that published this generation left out. ``files`` is None when the
+    collection has (or ever had) access lists: then only the counts are shown."""
+
+    ingested_at: str | None = None
+    skipped: int = 0
+    failed: int = 0
+    skipped_files: list[IngestFile] | None = None
+    failed_files: list[IngestFile] | None = None
+
+
 class IndexStatus(Response):
     collection: str
     generation: int
@@ -211,6 +227,9 @@ class IndexStatus(Response):
         description="Chunks with a vector in this version; equals chunks when dense search covers "
                     "them all. None for a collection built without embeddings.",
     )
+    last_ingest: LastIngest | None = Field(
+        default=None, description="When this generation was ingested, and the files that run "
+        "skipped or failed with their reasons. None for collections written before it was kept.")
 
 
 class CollectionsResponse(Response):
