@@ -492,6 +492,8 @@ def html_view(tool: Tool):
         html = await datasette.render_template(
             [tool.template or "groundkit_tool.html"], context, request=request
         )
+        # Datasette's base template names no language; screen readers need one (WCAG 3.1.1).
+        html = html.replace("<html>", '<html lang="en">', 1)
         code = error.status if error is not None else 200
         out = Response.html(html, status=code)
         out.headers["X-Request-ID"] = ctx.request_id
