@@ -86,7 +86,7 @@ def worker(engine: str, spec_file: str) -> dict:
     if engine == "ours":
         from groundkit_datasette.retrieval import bm25
         from groundkit_datasette.retrieval.collection import Collection
-        from groundkit_datasette.retrieval.search import _bm25_ranked
+        from groundkit_datasette.retrieval.rankers import bm25_ranked as _bm25_ranked
 
         t = time.perf_counter()
         col = Collection.from_path(path)

@@ -50,7 +50,7 @@ def run_collection(index: Path, name: str, nq: int, repeats: int, built: str) ->
     import numpy as np
 
     from groundkit_datasette.retrieval.collection import Collection
-    from groundkit_datasette.retrieval.search import _dense_ranked
+    from groundkit_datasette.retrieval.rankers import dense_ranked as _dense_ranked
 
     syn.register()
     col = Collection.open(name, index_dir=index)

@@ -326,9 +326,11 @@ def test_complete_is_false_when_the_dense_engine_comes_back_short(built, monkeyp
         # Fewer results than readable chunks exist: complete stays true only when nothing
         # more is readable (here: 8 public chunks, 50 asked).
         assert scoped.search(SearchRequest(query=WORD, mode="dense", top_k=50)).complete is True
-        real = gk_search._dense_ranked
+        from groundkit_datasette.retrieval import rankers
+
+        real = rankers.dense_ranked
         # An ANN index probing too few partitions under a selective prefilter returns short.
-        monkeypatch.setattr(gk_search, "_dense_ranked", lambda *a: real(*a)[:2])
+        monkeypatch.setattr(rankers, "dense_ranked", lambda *a: real(*a)[:2])
         for mode in ("dense", "hybrid"):
             response = scoped.search(SearchRequest(query=f"{WORD} plans", mode=mode, top_k=5))
             assert response.complete is False, mode

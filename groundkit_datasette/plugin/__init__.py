@@ -15,16 +15,34 @@ from datasette import hookimpl
 
 from ..logs import install_access_log_filter, install_call_log
 from ..surfaces.json_api import (  # noqa: F401  (part of the plugin's face)
-    HEALTH_ROUTE, MAX_BODY_BYTES, MCP_ROUTE, OPENAPI_ROUTE, read_body, routes_for,
+    HEALTH_ROUTE, MAX_BODY_BYTES, MCP_ROUTE, OPENAPI_ROUTE, health_view, json_view, openapi_view,
+    read_body,
 )
 from ..surfaces.service import registry_for, settings_for  # noqa: F401
-from ..surfaces.tools import all_tools
+from ..surfaces.tools import Tool, all_tools
 from .boundary_hooks import actor_from_request, asgi_wrapper, permission_allowed  # noqa: F401  (hooks)
 from ..surfaces.datasette_mcp_bridge import register_mcp_tools  # noqa: F401  (datasette-mcp's hook)
 from .live_database import CollectionDatabase, follow_collections
 from .ui_hooks import render_cell, table_actions  # noqa: F401  (hookimpls must be attributes here)
 
 log = logging.getLogger("groundkit")
+
+def routes_for(tools) -> list[tuple[str, object]]:
+    """(regex, view) for every JSON and HTML route in the table, the MCP endpoint, and the
+    two routes that describe the API rather than call it (OpenAPI, health)."""
+    from ..surfaces.mcp_server import mcp_http_view
+    from ..surfaces.pages import html_view
+
+    routes = []
+    for tool in tools:
+        routes.append((Tool.route_regex(tool.json_route), json_view(tool)))
+        if tool.html_route:
+            routes.append((Tool.route_regex(tool.html_route), html_view(tool)))
+    routes.append(("^" + MCP_ROUTE + "$", mcp_http_view))
+    routes.append(("^" + OPENAPI_ROUTE + "$", openapi_view))
+    routes.append(("^" + HEALTH_ROUTE + "$", health_view))
+    return routes
+
 
 @hookimpl
 def register_routes(datasette):

@@ -475,7 +475,7 @@ def format_summary(reports: list[EvalReport], errors: dict[str, str] | None = No
 
 
 def _run_mode(col, dataset, judged, mode, rerank, depth, doc_of_chunk, log) -> ModeResult:
-    from .search import _query_vector
+    from .rankers import query_vector as _query_vector
 
     per_query, latencies, mismatches = [], [], 0
     # One untimed query first: loads the embedder and warms the vector table.

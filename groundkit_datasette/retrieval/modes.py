@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..hookspecs import hookimpl
+from . import rankers
 
 # Candidates taken from each list before reciprocal rank fusion.
 HYBRID_DEPTH = 100
@@ -61,25 +62,22 @@ class RankContext:
 
     def query_vector(self):
         if self._vector is None:
-            from .search import _query_vector
-
-            self._vector = self.timed("embed_ms", _query_vector, self.collection, self.request)
+            self._vector = self.timed("embed_ms", rankers.query_vector, self.collection,
+                                      self.request)
         return self._vector
 
     def bm25(self, depth: int):
-        from .search import _bm25_ranked
-
-        ranked = self.timed("bm25_ms", _bm25_ranked, self.collection, self.request.query, depth,
+        ranked = self.timed("bm25_ms", rankers.bm25_ranked, self.collection, self.request.query, depth,
                             self.allowed)
         self.record("bm25", ranked)
         return ranked
 
     def dense(self, depth: int):
-        from .search import _dense_complete, _dense_ranked
-
         vector = self.query_vector()
-        ranked = self.timed("dense_ms", _dense_ranked, self.collection, vector, depth, self.allowed)
-        self.complete = self.complete and _dense_complete(self.collection, ranked, depth, self.allowed)
+        ranked = self.timed("dense_ms", rankers.dense_ranked, self.collection, vector, depth,
+                            self.allowed)
+        self.complete = self.complete and rankers.dense_complete(self.collection, ranked, depth,
+                                                                 self.allowed)
         self.record("dense", ranked)
         return ranked
 

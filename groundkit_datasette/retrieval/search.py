@@ -1,81 +1,21 @@
-"""BM25, dense, hybrid and reranked search over one open collection."""
+"""One search over one open collection: the reader's permissions and the request's filters
+decided before anything is ranked, the registered search mode (``modes.py``), the optional
+rerank, and the hits."""
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import bm25
-from ..errors import (
-    DenseUnavailable,
-    EmbedderError,
-    EmbedderMismatch,
-    InvalidRequest,
-    RerankNotConfigured,
-    RerankerError,
-)
-from ..collection.vectors import ANN_EF, ANN_REFINE
+from ..errors import DenseUnavailable, InvalidRequest, RerankNotConfigured, RerankerError
 from .models import MAX_OFFSET, MAX_TOP_K, SearchRequest, SearchResponse
-
 from .modes import HYBRID_DEPTH, RRF_K, fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
+from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (part of the API)
+
 _GLOB_CHARS = set("*?[")
-
-_embedders: dict[str, object] = {}
-_embedders_lock = threading.Lock()
-
-
-def query_embedder(collection, *, probe: bool = True):
-    """The embedder that turns queries into vectors for ``collection``; checked against its manifest.
-
-    ``probe=False`` never calls out: an endpoint whose width is not configured yet is
-    checked by provider and model only (its first reply checks the width).
-    """
-    manifest = collection.embedding
-    embedder = collection.embedder
-    if embedder is None:
-        name = collection.manifest.get("embedder")
-        with _embedders_lock:
-            embedder = _embedders.get(name)
-            if embedder is None:
-                from ..embedding.embedders import get_embedder
-
-                try:
-                    embedder = get_embedder(name)
-                except EmbedderError:
-                    raise DenseUnavailable(
-                        f"this server has no embedder '{name}' for the collection's queries; "
-                        "use mode bm25 or pass a query vector"
-                    ) from None
-                _embedders[name] = embedder
-    known = probe or getattr(embedder, "_dimensions", 0) is not None
-    got = (embedder.provider, embedder.model_name,
-           int(embedder.dimensions) if known else manifest.dimensions)
-    want = (manifest.provider, manifest.model, manifest.dimensions)
-    if got != want:
-        raise EmbedderMismatch(
-            f"the server's embedder {got[0]}/{got[1]} ({got[2]} dimensions) does not match the "
-            f"collection's {want[0]}/{want[1]} ({want[2]} dimensions)"
-        )
-    return embedder
-
-
-def dense_unavailable_reason(collection) -> str | None:
-    """Why this server cannot run dense queries on ``collection``, or None when it can:
-    the collection has vectors, and an embedder here matches its manifest and is installed."""
-    if collection.embedding is None:
-        return "the collection was built without embeddings"
-    try:
-        embedder = query_embedder(collection, probe=False)
-        check = getattr(embedder, "check_available", None)
-        if check is not None:
-            check()
-    except (DenseUnavailable, EmbedderError) as exc:
-        return str(exc)
-    return None
 
 
 def _filter_sql(request: SearchRequest):
@@ -149,97 +89,6 @@ def _allowed(collection, request, access=None) -> Allowed | None:
     )
     ids = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
     return Allowed(ids, sorted({r[1] for r in rows}), hidden=hidden_rows)
-
-
-def _bm25_ranked(collection, query, depth, allowed):
-    """Top ``depth`` as ``[(chunk_id, score)]``; ties broken by chunk content hash."""
-    hidden = allowed.hidden if allowed is not None else None
-    with collection._lock:
-        total = collection.chunk_total() if hidden is not None else None
-        ids, scores = bm25.score(collection._conn, query, collection.postings_cache, hidden, total)
-        ranks = collection.tie_ranks()
-    if allowed is not None and ids.size:
-        keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
-        ids, scores = ids[keep], scores[keep]
-    if not ids.size:
-        return []
-    if ids.size > depth:
-        kth = np.partition(scores, ids.size - depth)[ids.size - depth]
-        sel = scores >= kth
-        ids, scores = ids[sel], scores[sel]
-    if ranks is not None:
-        order = np.lexsort((ranks[ids], -scores))[:depth]
-        ids, scores = ids[order], scores[order]
-        marks = ",".join("?" * ids.size)
-        chunk_ids = dict(
-            collection.query(f"SELECT id, chunk_id FROM chunks WHERE id IN ({marks})",
-                             [int(i) for i in ids])
-        )
-        return [(chunk_ids[int(i)], float(s)) for i, s in zip(ids, scores)]
-    # Collections written before the tie order was stored: look the hashes up.
-    marks = ",".join("?" * ids.size)
-    meta = dict(
-        (r[0], (r[1], r[2]))
-        for r in collection.query(
-            f"SELECT id, chunk_id, content_hash FROM chunks WHERE id IN ({marks})",
-            [int(i) for i in ids],
-        )
-    )
-    ranked = sorted(
-        ((float(s), meta[int(i)][1], meta[int(i)][0]) for i, s in zip(ids, scores)),
-        key=lambda t: (-t[0], t[1]),
-    )
-    return [(chunk_id, score) for score, _h, chunk_id in ranked[:depth]]
-
-
-def _dense_ranked(collection, vector, depth, allowed):
-    table = collection.vectors()
-    if table is None:
-        raise DenseUnavailable("the collection has no vectors; use mode bm25")
-    q = table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
-    q = q.distance_type("cosine").limit(depth).select(["chunk_id", "_distance"])
-    if collection.manifest.get("ann_index"):
-        # LanceDB needs ef >= the candidates it refines (depth x refine factor).
-        q = q.ef(max(ANN_EF, depth * ANN_REFINE)).refine_factor(ANN_REFINE)
-    where = allowed.lance_where() if allowed is not None else None
-    if where == "false":
-        return []
-    if where is not None:
-        # A prefilter: the nearest neighbours are searched among allowed rows only.
-        q = q.where(where, prefilter=True)
-    result = q.to_arrow().to_pydict()
-    return [(cid, 1.0 - float(dist)) for cid, dist in zip(result["chunk_id"], result["_distance"])]
-
-
-def _dense_complete(collection, ranked, depth, allowed) -> bool:
-    """Whether a dense list short of ``depth`` holds every allowed chunk.
-
-    A flat prefiltered search always does; an ANN index probing too few
-    partitions for a selective filter may not, and then the answer is False.
-    """
-    if len(ranked) >= depth:
-        return True
-    total = collection.query("SELECT count(*) FROM chunks")[0][0]
-    readable = allowed.count(total) if allowed is not None else total
-    return len(ranked) >= readable
-
-
-def _query_vector(collection, request):
-    manifest = collection.embedding
-    if manifest is None:
-        raise DenseUnavailable("the collection was built without embeddings; use mode bm25")
-    if request.vector is not None:
-        if len(request.vector) != manifest.dimensions:
-            raise InvalidRequest(
-                f"vector has {len(request.vector)} dimensions; the collection's embeddings have "
-                f"{manifest.dimensions}"
-            )
-        vec = np.asarray(request.vector, dtype=np.float32)
-        norm = float(np.linalg.norm(vec))
-        if norm == 0.0:
-            raise InvalidRequest("vector must not be all zeros")
-        return vec / norm
-    return query_embedder(collection).embed_query(request.query)
 
 
 def _hits(collection, ranked, components, first_rank: int = 1):

@@ -121,7 +121,7 @@ def query_arguments(tool: Tool, query_string: str) -> dict:
     return arguments
 
 
-def _json_view(tool: Tool):
+def json_view(tool: Tool):
     async def view(datasette, request, receive):
         ctx = ToolContext(registry_for(datasette), request.actor, "json")
         collection = request.url_vars.get("collection")
@@ -151,23 +151,6 @@ def _json_view(tool: Tool):
 
     view.__name__ = f"groundkit_{tool.name}_json"
     return view
-
-
-def routes_for(tools) -> list[tuple[str, object]]:
-    """(regex, view) for every JSON and HTML route in the table, the MCP endpoint, and the
-    two routes that describe the API rather than call it (OpenAPI, health)."""
-    from .mcp_server import mcp_http_view
-    from .pages import html_view
-
-    routes = []
-    for tool in tools:
-        routes.append((Tool.route_regex(tool.json_route), _json_view(tool)))
-        if tool.html_route:
-            routes.append((Tool.route_regex(tool.html_route), html_view(tool)))
-    routes.append(("^" + MCP_ROUTE + "$", mcp_http_view))
-    routes.append(("^" + OPENAPI_ROUTE + "$", openapi_view))
-    routes.append(("^" + HEALTH_ROUTE + "$", health_view))
-    return routes
 
 
 async def openapi_view(datasette, request):
