@@ -230,18 +230,19 @@ def _ranked_chunks(collection, query: str, mode: str, depth: int, vector=None):
     ``top_k`` above 50. BM25 and dense over-fetch chunks (several chunks can
     share a document) so the document list still reaches ``depth``.
     """
-    from . import search as s
+    from . import rankers
+    from .modes import HYBRID_DEPTH, fuse
 
     chunk_depth = depth * 3
     if mode == "bm25":
-        return s._bm25_ranked(collection, query, chunk_depth, None)
+        return rankers.bm25_ranked(collection, query, chunk_depth, None)
     if mode == "dense":
-        return s._dense_ranked(collection, vector, _dense_cap(collection, chunk_depth), None)
+        return rankers.dense_ranked(collection, vector, _dense_cap(collection, chunk_depth), None)
     # Hybrid keeps the product's candidate depth per list, so its fusion is the product's.
-    per_list = max(depth, s.HYBRID_DEPTH)
-    return s._fuse(
-        s._bm25_ranked(collection, query, per_list, None),
-        s._dense_ranked(collection, vector, _dense_cap(collection, per_list), None),
+    per_list = max(depth, HYBRID_DEPTH)
+    return fuse(
+        rankers.bm25_ranked(collection, query, per_list, None),
+        rankers.dense_ranked(collection, vector, _dense_cap(collection, per_list), None),
     )
 
 
