@@ -91,6 +91,12 @@ class IngestError(GroundkitError):
     kind = "ingest_error"
 
 
+class TooManyDocuments(GroundkitError):
+    """A call would re-read more documents than its bound allows (verify_quote)."""
+
+    kind = "too_many_documents"
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     """One error as every surface answers it: status, kind and a text that echoes nothing."""

@@ -108,6 +108,11 @@ SUCCESS_CALLS = [
     ("index_status", {"collection": "energy"}),
     ("search", {"collection": "energy", "query": "How do batteries store energy?", "top_k": 3}),
     ("search", {"collection": "energy", "query": "turbines", "source": "notes/*"}),
+    ("verify_quote", {"collection": "energy", "quotes": [
+        "Batteries store surplus energy for the night.",
+        {"text": "offshore farms  see STEADIER winds", "source": "notes/"},
+        "Geothermal wells reach deep reservoirs of hot brine.",
+    ]}),
 ]
 
 ERROR_CALLS = [
@@ -121,6 +126,8 @@ ERROR_CALLS = [
     ("fetch_chunk", {"collection": "energy", "chunk_id": "c_000000000000000000000000"}, 404,
      "chunk_not_found"),
     ("fetch_chunk", {"collection": "energy", "chunk_id": "not-a-chunk"}, 422, "malformed_request"),
+    ("verify_quote", {"collection": "energy", "quotes": ["x"] * 21}, 422, "malformed_request"),
+    ("verify_quote", {"collection": "energy", "quotes": []}, 422, "malformed_request"),
     # Permissions as for the JSON API: anonymous callers cannot see ``private``.
     ("index_status", {"collection": "private"}, 404, "collection_not_found"),
 ]

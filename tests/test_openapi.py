@@ -126,7 +126,8 @@ async def test_every_documented_operation_answers(collection, corpus):
     doc = await fetch_doc(ds)
     hit = (await ds.client.get("/energy/-/groundkit/search.json?query=wind")).json()["hits"][0]
     values = {"collection": "energy", "chunk_id": hit["chunk_id"], "query": "wind",
-              "document_id": hit["document_id"]}
+              "document_id": hit["document_id"],
+              "quotes": ["wind"]}
     for route, item in doc["paths"].items():
         path = route.format(**values)
         for method in ("get", "post"):
@@ -138,7 +139,10 @@ async def test_every_documented_operation_answers(collection, corpus):
             if method == "get":
                 r = await ds.client.get(path, params=required)
             else:
-                r = await ds.client.post(path, content=json.dumps({"query": "wind"}),
+                # The body holds the required fields, as the GET's query parameters do.
+                fields = {p["name"]: values[p["name"]] for p in item["get"]["parameters"]
+                          if p["required"]}
+                r = await ds.client.post(path, content=json.dumps(fields),
                                          headers={"content-type": "application/json"})
             assert r.status_code == 200, (method, route, r.text)
             schema = op["responses"]["200"]["content"]["application/json"]["schema"]

@@ -201,7 +201,7 @@ def expected_patterns(tools):
 async def test_routes_served_equal_the_tool_table(ds):
     tools = all_tools()
     assert [t.name for t in tools] == ["list_collections", "index_status", "search", "fetch_chunk",
-                                       "fetch_document"]
+                                       "fetch_document", "verify_quote"]
     assert route_mismatch(ds) == ([], [])
     # And the running app answers every one of them.
     r = await ds.client.get("/energy/-/groundkit/status.json")
@@ -212,7 +212,8 @@ async def test_routes_served_equal_the_tool_table(ds):
         params = {"collection": "energy", "chunk_id": chunk_id, "document_id": document_id}
         json_path = tool.path(**params)
         if tool.method == "POST":
-            r = await post_json(ds, json_path, {"query": "wind"})
+            body = {"quotes": [{"text": "wind"}]} if tool.name == "verify_quote" else {"query": "wind"}
+            r = await post_json(ds, json_path, body)
         else:
             r = await ds.client.get(json_path)
         assert r.status_code == 200, (tool.name, r.text)

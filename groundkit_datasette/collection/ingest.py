@@ -32,7 +32,7 @@ from ..errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
 from .extract import Skipped, extract_bytes, page_for_offset
 from ..plugins import DEFAULT_EMBEDDER
 from .names import lance_path, sqlite_path, validate_name
-from .schema import (add_encoding_column, check_stamp, create_schema, index_new_chunks,
+from .schema import (add_cjk_tables, add_encoding_column, add_stat_columns, check_stamp, create_schema, index_new_chunks,
                      read_manifest, suspend_fts_trigger)
 from .vectors import VectorWriter
 
@@ -133,6 +133,9 @@ class _Prepared:
     chunk_ids: list[str]
     is_new: bool
     acl: str | None = None
+    # The file's size and mtime when read: a hit whose file differs now says source_changed.
+    size: int | None = None
+    mtime_ns: int | None = None
 
 
 def _sha(data: bytes | str) -> str:
@@ -419,6 +422,8 @@ class Indexer:
             try:
                 check_stamp(conn)
                 add_encoding_column(conn)  # older collections: additive, NULL for their rows
+                add_stat_columns(conn)
+                add_cjk_tables(conn)
             except Exception:
                 conn.close()
                 raise
@@ -486,11 +491,14 @@ class Indexer:
         existing = {
             row[0]: row[1:]
             for row in conn.execute(
-                "SELECT source, document_id, file_hash, extractor, extractor_version, acl FROM documents"
+                "SELECT source, document_id, file_hash, extractor, extractor_version, acl, "
+                "source_size, source_mtime_ns FROM documents"
             )
         }
         acls = ACLResolver(base)
         terms = bm25_index.TermTable(conn)
+        if manifest.get("tokenizer") != bm25_index.TOKENIZER and terms.has_cjk_terms():
+            rechunk = True  # CJK text was indexed as whole runs: tokenize it again as bigrams
         self._next_row_id = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
         first_new_row = self._next_row_id
         suspend_fts_trigger(conn)
@@ -552,9 +560,21 @@ class Indexer:
                 log.warning("cannot read %s: %s", source, exc.strerror)
                 continue
             file_hash = _sha(data)
+            try:
+                info = real.stat()
+                size, mtime_ns = info.st_size, info.st_mtime_ns
+            except OSError:
+                size = mtime_ns = None
             acl = acls.for_document(source, data)
             prior = existing.get(source)
             if prior and not rechunk and prior[1] == file_hash:
+                if (prior[5], prior[6]) != (size, mtime_ns):
+                    # Same bytes, new size/mtime record (touched, or an older collection):
+                    # refreshed, so its hits do not say source_changed for ever.
+                    conn.execute(
+                        "UPDATE documents SET source_size = ?, source_mtime_ns = ? "
+                        "WHERE document_id = ?", (size, mtime_ns, prior[0]))
+                    changed = True
                 if prior[4] == acl:
                     report.unchanged += 1
                 else:  # only its access list changed: no re-chunking, no re-embedding
@@ -591,6 +611,8 @@ class Indexer:
                 chunk_ids=chunk_ids_for(document_id, chunks),
                 is_new=prior is None,
                 acl=acl,
+                size=size,
+                mtime_ns=mtime_ns,
             )
             pending.append(prep)
             pending_new_chunks += len(chunks)
@@ -711,8 +733,9 @@ class Indexer:
         conn.executemany(
             """INSERT INTO documents(document_id, source, source_class, extractor,
                    extractor_version, title, content_hash, file_hash, char_count, line_count,
-                   page_count, chunk_count, acl, generation, ingested_at, encoding)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+                   page_count, chunk_count, acl, generation, ingested_at, encoding,
+                   source_size, source_mtime_ns)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
                ON CONFLICT(document_id) DO UPDATE SET
                    source_class=excluded.source_class, extractor=excluded.extractor,
                    extractor_version=excluded.extractor_version, title=excluded.title,
@@ -720,14 +743,15 @@ class Indexer:
                    char_count=excluded.char_count, line_count=excluded.line_count,
                    page_count=excluded.page_count, chunk_count=excluded.chunk_count,
                    acl=excluded.acl, generation=excluded.generation,
-                   ingested_at=excluded.ingested_at, encoding=excluded.encoding""",
+                   ingested_at=excluded.ingested_at, encoding=excluded.encoding,
+                   source_size=excluded.source_size, source_mtime_ns=excluded.source_mtime_ns""",
             [
                 (
                     p.document_id, p.source, p.extracted.source_class, p.extracted.extractor,
                     p.extracted.extractor_version, p.extracted.title, _sha(p.extracted.text),
                     p.file_hash, len(p.extracted.text), p.extracted.text.count("\n") + 1,
                     len(p.extracted.page_starts) or None, len(p.chunks), p.acl, generation, now,
-                    p.extracted.encoding,
+                    p.extracted.encoding, p.size, p.mtime_ns,
                 )
                 for p in batch
             ],
@@ -752,6 +776,12 @@ class Indexer:
                VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
             rows,
         )
+        cjk = []
+        for row in rows:
+            if bm25_index.has_cjk(row[10]) or bm25_index.has_cjk(row[11]):
+                cjk.append((row[0], row[1], " ".join(bm25_index.cjk_terms(row[10] + "\n" + row[11]))))
+        if cjk:
+            conn.executemany("INSERT INTO chunks_cjk(id, chunk_id, bigrams) VALUES (?, ?, ?)", cjk)
         chunks = (ch for p in batch for ch in p.chunks)
         conn.executemany(
             "INSERT INTO bm25_chunk_terms(id, length, term_ids, term_freqs) VALUES (?, ?, ?, ?)",
@@ -771,6 +801,7 @@ class Indexer:
             "bm25": json.dumps(bm25_index.settings()),
             "ingested_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"),
+            "tokenizer": bm25_index.TOKENIZER,
         }
         if report is not None:
             values["ingest_report"] = ingest_summary(report)

@@ -40,7 +40,9 @@ CREATE TABLE documents (
     acl TEXT,
     generation INTEGER NOT NULL,
     ingested_at TEXT NOT NULL,
-    encoding TEXT
+    encoding TEXT,
+    source_size INTEGER,
+    source_mtime_ns INTEGER
 );
 
 CREATE TABLE chunks (
@@ -95,13 +97,34 @@ CREATE TABLE groundkit_manifest (
 ) WITHOUT ROWID;
 """
 
+# CJK text for Datasette's ?_search= (adr/0020-quote-cjk-search.md): FTS5's unicode61 reads a
+# run of Han/Kana/Hangul as one token, so each chunk holding such text gets a row of its runs'
+# character bigrams, space-separated, indexed by an FTS5 table of its own. Rows follow their
+# chunk (a foreign-key cascade); the triggers keep the index in step, deletes included.
+CJK_DDL = """
+CREATE TABLE IF NOT EXISTS chunks_cjk (
+    id INTEGER PRIMARY KEY REFERENCES chunks(id) ON DELETE CASCADE,
+    chunk_id TEXT NOT NULL,
+    bigrams TEXT NOT NULL
+);
+CREATE VIRTUAL TABLE IF NOT EXISTS chunks_cjk_fts USING fts5(
+    bigrams, content="chunks_cjk", content_rowid="id", tokenize='unicode61'
+);
+CREATE TRIGGER IF NOT EXISTS chunks_cjk_ai AFTER INSERT ON chunks_cjk BEGIN
+    INSERT INTO chunks_cjk_fts(rowid, bigrams) VALUES (new.id, new.bigrams);
+END;
+CREATE TRIGGER IF NOT EXISTS chunks_cjk_ad AFTER DELETE ON chunks_cjk BEGIN
+    INSERT INTO chunks_cjk_fts(chunks_cjk_fts, rowid, bigrams) VALUES ('delete', old.id, old.bigrams);
+END;
+"""
+
 # Tables people browse in Datasette; the others are machinery.
-PUBLIC_TABLES = ("documents", "chunks")
+PUBLIC_TABLES = ("documents", "chunks", "chunks_cjk")
 INTERNAL_TABLES = ("bm25_chunk_terms", "bm25_vocab", "bm25_postings", "groundkit_manifest")
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    conn.executescript(DDL + FTS_INSERT_TRIGGER)
+    conn.executescript(DDL + FTS_INSERT_TRIGGER + CJK_DDL)
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -115,6 +138,28 @@ def add_encoding_column(conn: sqlite3.Connection) -> None:
     """Bring an older collection's copy up to date (NULL: chosen by the extractor's rule)."""
     if not has_encoding_column(conn):
         conn.execute("ALTER TABLE documents ADD COLUMN encoding TEXT")
+
+
+STAT_COLUMNS = ("source_size", "source_mtime_ns")
+
+
+def has_stat_columns(conn: sqlite3.Connection) -> bool:
+    """Collections written before stale-hit checks lack the source's recorded size and mtime."""
+    names = {row[1] for row in conn.execute("PRAGMA table_info(documents)")}
+    return set(STAT_COLUMNS) <= names
+
+
+def add_stat_columns(conn: sqlite3.Connection) -> None:
+    """Additive, NULL for existing rows (their hits say ``source_changed: null``)."""
+    names = {row[1] for row in conn.execute("PRAGMA table_info(documents)")}
+    for column in STAT_COLUMNS:
+        if column not in names:
+            conn.execute(f"ALTER TABLE documents ADD COLUMN {column} INTEGER")
+
+
+def add_cjk_tables(conn: sqlite3.Connection) -> None:
+    """Older collections' copies gain the CJK search table (filled as documents are written)."""
+    conn.executescript(CJK_DDL)
 
 
 def suspend_fts_trigger(conn: sqlite3.Connection) -> None:

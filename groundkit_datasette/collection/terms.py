@@ -15,7 +15,16 @@ import Stemmer
 K1 = 1.5
 B = 0.5  # chunks are length-capped; see adr/0018-bm25-over-chunks.md
 
-_WORD = re.compile(r"\w+")
+# Han (ideographs, their extensions and compatibility forms), Hiragana, Katakana (with the
+# half-width forms) and Hangul (syllables and jamo): scripts written without spaces.
+_CJK = ("\u1100-\u11ff\u3005-\u3007\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+        "\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f")
+# A token is a run of CJK characters or a run of other word characters (``\w`` minus CJK).
+_TOKEN = re.compile(f"[{_CJK}]+|[^\\W{_CJK}]+")
+_CJK_CHAR = re.compile(f"[{_CJK}]")
+# What the stored terms were tokenized with (the manifest's ``tokenizer``): words, stemmed, and
+# runs of CJK characters as overlapping character bigrams (adr/0020-quote-cjk-search.md).
+TOKENIZER = "words+cjk-bigrams-1"
 # A reserved postings row: every chunk row id in content-hash order, the BM25 tie-breaker.
 TIE_ORDER_ID = -1
 # A reserved postings row: ``documents[row id]`` = the document ordinal of each chunk row
@@ -42,13 +51,35 @@ STOP_WORDS = frozenset(
 _stemmer = Stemmer.Stemmer("english")
 
 
+def cjk_bigrams(run: str) -> list[str]:
+    """Overlapping character bigrams of a CJK run; a lone character stands for itself."""
+    if len(run) == 1:
+        return [run]
+    return [run[i : i + 2] for i in range(len(run) - 1)]
+
+
+def cjk_terms(text: str) -> list[str]:
+    """The bigrams of the CJK runs in ``text`` (what Datasette's CJK search indexes)."""
+    return [b for token in _TOKEN.findall(text) if _CJK_CHAR.match(token)
+            for b in cjk_bigrams(token)]
+
+
+def has_cjk(text: str) -> bool:
+    return _CJK_CHAR.search(text) is not None
+
+
 def tokenize(text: str) -> list[str]:
-    """Lower-case word tokens, stop words removed, Snowball-stemmed.
+    """Lower-case word tokens, stop words removed, Snowball-stemmed; CJK runs as bigrams.
 
     Any string is a valid query: there is no query syntax to inject into.
     """
-    words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
-    return _stemmer.stemWords(words)
+    out: list[str] = []
+    for token in _TOKEN.findall(text.lower()):
+        if _CJK_CHAR.match(token):
+            out += cjk_bigrams(token)
+        elif token not in STOP_WORDS:
+            out.append(_stemmer.stemWord(token))
+    return out
 
 
 class TermTable:
@@ -62,13 +93,22 @@ class TermTable:
         self.ids = dict(conn.execute("SELECT term, term_id FROM bm25_vocab"))
         self.next_id = max(self.ids.values(), default=-1) + 1
         self.new_terms: list[tuple[str, int]] = []
-        # word -> term id (-1 for a stop word): each distinct word is stemmed once per run.
-        self._word_ids: dict[str, int] = {}
+        # token -> its term ids (none for a stop word, a bigram each for a CJK run): each
+        # distinct token is stemmed or split once per run.
+        self._word_ids: dict[str, tuple[int, ...]] = {}
 
-    def _word_id(self, word: str) -> int:
+    def has_cjk_terms(self) -> bool:
+        """Whether any stored term holds CJK text (tokenized whole, before bigrams)."""
+        return has_cjk("\n".join(self.ids))
+
+    def _word_id(self, word: str) -> tuple[int, ...]:
+        if _CJK_CHAR.match(word):
+            return tuple(self._term_id(t) for t in cjk_bigrams(word))
         if word in STOP_WORDS:
-            return -1
-        term = _stemmer.stemWord(word)
+            return ()
+        return (self._term_id(_stemmer.stemWord(word)),)
+
+    def _term_id(self, term: str) -> int:
         tid = self.ids.get(term)
         if tid is None:
             tid = self.ids[term] = self.next_id
@@ -83,11 +123,11 @@ class TermTable:
             memo.clear()
         counts: dict[int, int] = {}
         length = 0
-        for word, n in Counter(_WORD.findall(text.lower())).items():
-            tid = memo.get(word)
-            if tid is None:
-                tid = memo[word] = self._word_id(word)
-            if tid >= 0:
+        for word, n in Counter(_TOKEN.findall(text.lower())).items():
+            tids = memo.get(word)
+            if tids is None:
+                tids = memo[word] = self._word_id(word)
+            for tid in tids:
                 length += n
                 counts[tid] = counts.get(tid, 0) + n
         term_ids = array("i", sorted(counts))

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict
 
 from ..collection.extract import MAX_FILE_BYTES, Skipped, extract_bytes, extractor_available
 
-__all__ = ["Relocation", "Verification", "verify_citation"]
+__all__ = ["Relocation", "SourceUnavailable", "Verification", "current_source", "line_of",
+           "sources_changed", "verify_citation"]
 
 Status = Literal["verified", "drifted", "unresolvable"]
 
@@ -55,12 +56,81 @@ class Verification(BaseModel):
     context_before: str | None = None
     context_after: str | None = None
     relocated: Relocation | None = None
+    # What the chunk's ``content`` is: always the text as indexed at ingest. This says how it
+    # stands against the current source, so an agent never quotes stale text unknowingly.
+    indexed_text: Literal["matches_source", "moved_in_source", "not_in_source", "unchecked"] = (
+        "unchecked")
 
 
 class _Unresolvable(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+SourceUnavailable = _Unresolvable  # public name: ``reason`` is safe to show
+
+
+def current_source(
+    *, source: str, source_class: str, extractor: str, extractor_version: str,
+    base_dir: Path | None, encoding: str | None = None,
+):
+    """The source re-read and re-extracted exactly as at ingest (an ``Extracted``).
+
+    Raises :class:`SourceUnavailable` with a reason safe to show (never a path).
+    """
+    if base_dir is None:
+        raise _Unresolvable("no base directory configured")
+    real_base, path = _resolve_source(Path(base_dir), source)
+    if not extractor_available(extractor, extractor_version):
+        raise _Unresolvable(f"extractor {extractor} version {extractor_version} is not available")
+    data = _read_bounded(path, real_base)
+    return _reextract(data, source, source_class, extractor, extractor_version, encoding)
+
+
+def sources_changed(base_dir: Path | None, records) -> list[bool | None]:
+    """For each ``(source, size, mtime_ns)`` recorded at ingest: whether the file now differs.
+
+    None when nothing was recorded (collections written before the columns) or there is no
+    base directory; True when the file is gone or the source is not a plain relative path.
+    One ``stat`` per record and no read: cheap enough for every hit list (docs/performance.md).
+    The answer is one bit compared with ingest's own record, so a link is followed as ingest
+    followed it; nothing about the file is returned.
+    """
+    records = list(records)
+    if base_dir is None:
+        return [None] * len(records)
+    try:
+        real_base = _real_base(Path(base_dir))
+    except _Unresolvable:
+        return [None if size is None or mtime is None else True for _s, size, mtime in records]
+    base = os.fspath(real_base)
+    out = []
+    for source, size, mtime_ns in records:
+        if size is None or mtime_ns is None:
+            out.append(None)
+            continue
+        if not _plain_relative(source):
+            out.append(True)
+            continue
+        try:
+            info = os.stat(os.path.join(base, source))
+        except (OSError, ValueError):
+            out.append(True)
+            continue
+        out.append(info.st_size != size or info.st_mtime_ns != mtime_ns)
+    return out
+
+
+def _plain_relative(source) -> bool:
+    return (
+        isinstance(source, str)
+        and bool(source)
+        and "\x00" not in source
+        and "\\" not in source
+        and not source.startswith("/")
+        and ".." not in PurePosixPath(source).parts
+    )
 
 
 def verify_citation(
@@ -82,16 +152,11 @@ def verify_citation(
     whatever the extractor would choose for today's bytes. None (older collections) lets
     the extractor choose, as it did then.
     """
-    if base_dir is None:
-        return _unresolvable("no base directory configured")
     try:
-        real_base, path = _resolve_source(Path(base_dir), source)
-        if not extractor_available(extractor, extractor_version):
-            return _unresolvable(
-                f"extractor {extractor} version {extractor_version} is not available"
-            )
-        data = _read_bounded(path, real_base)
-        text = _reextract(data, source, source_class, extractor, extractor_version, encoding)
+        text = current_source(
+            source=source, source_class=source_class, extractor=extractor,
+            extractor_version=extractor_version, base_dir=base_dir, encoding=encoding,
+        ).text
     except _Unresolvable as exc:
         return _unresolvable(exc.reason)
     return _compare(text, start, end, content, max(0, int(context_chars)))
@@ -107,14 +172,7 @@ def _unresolvable(reason: str) -> Verification:
 
 def _resolve_source(base_dir: Path, source: str) -> tuple[Path, Path]:
     """The real base and the real path of ``source``, refused unless it stays under the base."""
-    if (
-        not isinstance(source, str)
-        or not source
-        or "\x00" in source
-        or "\\" in source
-        or source.startswith("/")
-        or ".." in PurePosixPath(source).parts
-    ):
+    if not _plain_relative(source):
         raise _Unresolvable(_OUTSIDE)
     real_base = _real_base(base_dir)
     try:
@@ -205,7 +263,7 @@ def _reextract(
         or extracted.source_class != source_class
     ):
         raise _Unresolvable(_EXTRACTED_DIFFERENTLY)
-    return extracted.text
+    return extracted
 
 
 # --------------------------------------------------------------------------
@@ -223,11 +281,23 @@ def _compare(text: str, start, end, content: str, context_chars: int) -> Verific
             source_text=text[start:end],
             context_before=text[max(0, start - context_chars) : start],
             context_after=text[end : end + context_chars],
+            indexed_text="matches_source",
         )
     anchor = min(max(start, 0), len(text)) if _is_int(start) else 0
     relocated = _relocate(text, content, anchor) if content else None
     if relocated is not None:
-        reason = "the cited span no longer matches the source; its text has moved"
+        # Re-anchored: the current text at the new location, with its context. The chunk's
+        # own offsets and content stay as indexed; ``indexed_text`` says which is which.
+        a, b = relocated.start_offset, relocated.end_offset
+        return Verification(
+            status="drifted",
+            reason="the cited span no longer matches the source; its text has moved",
+            relocated=relocated,
+            source_text=text[a:b],
+            context_before=text[max(0, a - context_chars) : a],
+            context_after=text[b : b + context_chars],
+            indexed_text="moved_in_source",
+        )
     elif in_range:
         reason = "the cited span no longer matches the source; its text is no longer in the source"
     else:
@@ -235,7 +305,7 @@ def _compare(text: str, start, end, content: str, context_chars: int) -> Verific
             "the cited offsets are outside the current source; "
             "its text is no longer in the source"
         )
-    return Verification(status="drifted", reason=reason, relocated=relocated)
+    return Verification(status="drifted", reason=reason, indexed_text="not_in_source")
 
 
 def _is_int(value) -> bool:
@@ -255,13 +325,13 @@ def _relocate(text: str, content: str, anchor: int) -> Relocation | None:
     return Relocation(
         start_offset=best,
         end_offset=new_end,
-        line_start=_line_of(text, best),
-        line_end=_line_of(text, new_end - 1),
+        line_start=line_of(text, best),
+        line_end=line_of(text, new_end - 1),
         # Non-overlapping count: str.count is linear; overlapping repeats are rare in prose.
         occurrences=text.count(content),
     )
 
 
-def _line_of(text: str, offset: int) -> int:
+def line_of(text: str, offset: int) -> int:
     """1-based line holding ``offset``, counted as the chunker does."""
     return text.count("\n", 0, offset) + 1

@@ -55,6 +55,7 @@ class Collection:
             raise
         self.generation = int(self.manifest.get("generation", "0"))
         self._has_encoding = schema.has_encoding_column(self._conn)
+        self._has_stat = schema.has_stat_columns(self._conn)
         self._vectors = None
         self._vectors_loaded = False
         self._vector_total = None

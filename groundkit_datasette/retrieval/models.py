@@ -142,6 +142,10 @@ class Hit(Citation):
     rank: int
     score: float
     components: dict[str, ComponentScore] = Field(default_factory=dict)
+    source_changed: bool | None = Field(
+        default=None,
+        description="True when the source file's size or mtime differs from ingest's record (the "
+                    "hit's text may be stale: fetch_chunk verifies it); null when not recorded.")
 
 
 class DocumentGroup(Response):

@@ -70,7 +70,8 @@ _has_acl_lock = threading.Lock()
 # Schema tables, and FTS5's configuration table, which its module reads to describe the
 # table (Datasette's column lookups); its index and content tables stay closed.
 _UNGUARDED_TABLES = frozenset(
-    {"sqlite_master", "sqlite_schema", "sqlite_temp_master", "chunks_fts_config"}
+    {"sqlite_master", "sqlite_schema", "sqlite_temp_master", "chunks_fts_config",
+     "chunks_cjk_fts_config"}
 )
 
 

@@ -96,15 +96,18 @@ def _hits(collection, ranked, components, first_rank: int = 1):
         return []
     ids = [cid for cid, _ in ranked]
     marks = ",".join("?" * len(ids))
+    stat = "d.source_size, d.source_mtime_ns" if collection._has_stat else "NULL, NULL"
     rows = {
         r[0]: r
         for r in collection.query(
             f"""SELECT c.chunk_id, c.document_id, d.source, d.title, c.start_offset, c.end_offset,
-                       c.line_start, c.line_end, c.page_start, c.page_end, c.heading, c.content
+                       c.line_start, c.line_end, c.page_start, c.page_end, c.heading, c.content,
+                       {stat}
                 FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id IN ({marks})""",
             ids,
         )
     }
+    changed = _source_changed(collection, rows.values())
     hits = []
     for rank, (cid, score) in enumerate(ranked, first_rank):
         r = rows.get(cid)
@@ -120,9 +123,19 @@ def _hits(collection, ranked, components, first_rank: int = 1):
                 start_offset=r[4], end_offset=r[5], line_start=r[6], line_end=r[7],
                 page_start=r[8], page_end=r[9], heading=r[10], content=r[11],
                 components=components.get(cid, {}),
+                source_changed=changed[r[1]],
             )
         )
     return hits
+
+
+def _source_changed(collection, rows) -> dict:
+    """document_id -> whether its file's size or mtime differs from ingest's record: one
+    ``stat`` per distinct document of the hit list (cost in docs/performance.md)."""
+    from .citations import sources_changed
+
+    docs = {r[1]: (r[2], r[12], r[13]) for r in rows}
+    return dict(zip(docs, sources_changed(collection.base_dir, docs.values())))
 
 
 def run_search(collection, request: SearchRequest, access=None) -> SearchResponse:

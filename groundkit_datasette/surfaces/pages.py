@@ -44,6 +44,8 @@ def _arguments(tool: Tool, request) -> tuple[dict, bool]:
             if flag in args:
                 args[flag] = args[flag] in ("1", "on", "true")
         return args, submitted
+    if tool.name == "verify_quote":
+        return _quote_arguments(request)
     if tool in BUILTIN_TOOLS:
         return args, True
     # A plugin's tool: its request fields, taken by name from the query string.
@@ -53,6 +55,17 @@ def _arguments(tool: Tool, request) -> tuple[dict, bool]:
             args[name] = request.args[name]
     required = [n for n, f in fields.items() if f.is_required() and n not in tool.path_params]
     return args, bool(args) or not required
+
+
+def _quote_arguments(request) -> tuple[dict, bool]:
+    """The quote page's form: one quote, optionally attributed to a source or a chunk."""
+    if "quote" not in request.args:
+        return {}, False
+    quote = {"text": request.args.get("quote", "")}
+    for field in ("source", "chunk_id"):
+        if request.args.get(field):
+            quote[field] = request.args[field]
+    return {"quotes": [quote]}, True
 
 
 def _tool_named(name: str) -> Tool:

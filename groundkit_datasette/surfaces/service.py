@@ -41,6 +41,7 @@ _ERRORS: dict[type, tuple[int, bool]] = {
     E.IndexInconsistent: (409, True),
     E.SchemaMismatch: (409, True),
     E.CollectionBusy: (409, True),
+    E.TooManyDocuments: (413, True),
     E.RerankNotConfigured: (501, True),
     E.EmbedderError: (502, False),
     E.RerankerError: (502, False),
@@ -364,7 +365,7 @@ class ToolContext:
 
 
 def result_count(response) -> int | None:
-    for attr in ("hits", "collections"):
+    for attr in ("hits", "collections", "results"):
         value = getattr(response, attr, None)
         if value is not None:
             return len(value)

@@ -26,6 +26,8 @@ from ..retrieval.models import (
     StatusRequest,
 )
 
+from ..retrieval.quotes import VerifyQuoteRequest, VerifyQuoteResponse
+
 _PARAM = re.compile(r"\{(\w+)\}")
 
 
@@ -91,6 +93,13 @@ async def _index_status(ctx, collection, request):
 async def _search(ctx, collection, request):
     col = await ctx.collection(collection)
     return await ctx.run(ctx.scoped(col).search, request)
+
+
+async def _verify_quote(ctx, collection, request):
+    from ..retrieval.quotes import verify_quotes
+
+    col = await ctx.collection(collection)
+    return await ctx.run(verify_quotes, col, ctx.scoped(col), request)
 
 
 async def _fetch_chunk(ctx, collection, request):
@@ -169,6 +178,19 @@ BUILTIN_TOOLS = (
         json_route="/{collection}/-/groundkit/documents/{document_id}.json",
         html_route="/{collection}/-/groundkit/documents/{document_id}",
         template="groundkit_document.html",
+    ),
+    Tool(
+        name="verify_quote",
+        summary="Check quotes against the current sources: verbatim, after normalising, or "
+                "approximately; each answer gives the source, offsets, lines, pages and context.",
+        request_model=VerifyQuoteRequest,
+        response_model=VerifyQuoteResponse,
+        handler=_verify_quote,
+        scope="collection",
+        method="POST",
+        json_route="/{collection}/-/groundkit/verify-quote.json",
+        html_route="/{collection}/-/groundkit/verify-quote",
+        template="groundkit_verify_quote.html",
     ),
 )
 
