@@ -29,6 +29,10 @@ class ChunkNotFound(GroundkitError):
     kind = "chunk_not_found"
 
 
+class DocumentNotFound(GroundkitError):
+    kind = "document_not_found"
+
+
 class NotACollection(GroundkitError):
     kind = "not_a_collection"
 

@@ -91,3 +91,46 @@ def horizontal_overflow(page) -> int:
     return page.evaluate(
         "() => document.documentElement.scrollWidth - document.documentElement.clientWidth"
     )
+
+
+# -- an automated accessibility check: axe-core, run in the page ------------------------
+
+JS_DIR = REPO / "tests" / "js"
+AXE = JS_DIR / "node_modules" / "axe-core" / "axe.min.js"
+# What fails a page: axe's two worst levels (minor and moderate findings are not counted).
+AXE_FAILING = ("serious", "critical")
+
+_AXE_RUN = """async () => {
+    const result = await axe.run(document, {resultTypes: ['violations']});
+    return result.violations.map(v => ({
+        id: v.id, impact: v.impact, help: v.help,
+        nodes: v.nodes.slice(0, 5).map(n => n.target.join(' ')),
+    }));
+}"""
+
+
+def axe_source() -> str:
+    """axe-core from tests/js (pinned in its package-lock.json), installed with `npm ci` when
+    absent, as the TypeScript client test does: nothing is fetched while the tests run pages."""
+    import shutil
+    import subprocess
+
+    if not AXE.exists():
+        npm = shutil.which("npm")
+        assert npm, "tests/js needs `npm ci` (axe-core) and npm is missing"
+        proc = subprocess.run([npm, "ci", "--no-audit", "--no-fund"], cwd=JS_DIR,
+                              capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0 and AXE.exists(), proc.stderr[-2000:]
+    return AXE.read_text(encoding="utf-8")
+
+
+def axe_violations(page) -> list[dict]:
+    """axe-core's serious and critical violations on the page as it is now.
+
+    The script is evaluated through the DevTools protocol (``page.evaluate``), which the
+    pages' Content-Security-Policy does not govern: no inline script is added to the page,
+    and the CSP stays on for the check (``bypass_csp`` is not needed).
+    """
+    if not page.evaluate("() => typeof window.axe === 'object'"):
+        page.evaluate(axe_source() + "\n;undefined")
+    return [v for v in page.evaluate(_AXE_RUN) if v["impact"] in AXE_FAILING]

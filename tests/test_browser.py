@@ -28,6 +28,7 @@ from .browser_support import (
     REPO,
     LiveServer,
     artifacts_dir,
+    axe_violations,
     horizontal_overflow,
     page_problems,
 )
@@ -348,6 +349,116 @@ def test_a_forbidden_collection_is_invisible(browser, tmp_path):
             expect(badge(page)).to_have_text(re.compile("verified"))
         finally:
             ctx.close()
+
+
+def _open_more(page):
+    """Open every "N more in this document" group (Datasette's script closes other details)."""
+    page.evaluate("() => document.querySelectorAll('.gk-more details').forEach(d => d.open = true)")
+
+
+@pytest.mark.parametrize("width", [1280, 375])
+def test_every_groundkit_page_passes_axe_at_desktop_and_phone_width(browser, live, width):
+    """axe-core finds no serious or critical violation on any groundkit page, in each state a
+    reader meets (grouped hits opened, a second page, a cited chunk, an error), and the phone
+    width never scrolls sideways. The CSP stays on: the fixture's page fails on any refusal."""
+    ctx = browser.new_context(viewport={"width": width, "height": 900}, is_mobile=width < 500)
+    refused = []
+    try:
+        page = ctx.new_page()
+        page.on("console", lambda m: "Content Security Policy" in m.text and refused.append(m.text))
+        checked = []
+
+        def check(label):
+            assert axe_violations(page) == [], (width, label)
+            assert page_problems(page) == [], (width, label)
+            assert horizontal_overflow(page) <= 1, (width, label)
+            checked.append(label)
+
+        page.goto(live.url + "/-/groundkit")
+        check("collections")
+        page.goto(live.url + "/energy/-/groundkit")
+        expect(page.locator("#gk-ingest-heading")).to_be_visible()
+        check("collection")
+        shot(page, f"status-{width}px")
+        page.goto(live.url + "/energy/-/groundkit/search?q=storage+energy+power&top_k=3&group=1")
+        expect(page.locator(".gk-more summary").first).to_be_visible()
+        _open_more(page)
+        check("search, grouped")
+        shot(page, f"search-grouped-{width}px")
+        page.get_by_role("link", name="Next page").click()
+        expect(page.locator(".gk-rank").first).to_have_text("4.")
+        check("search, page 2")
+        page.goto(live.url + "/energy/-/groundkit/search?q=storage")
+        page.locator(".gk-hit a.gk-document").first.click()
+        expect(page.locator(".gk-doc-cited")).to_have_count(1)
+        check("document, cited chunk")
+        shot(page, f"document-{width}px")
+        page.goto(live.url + "/energy/-/groundkit/search?q=storage")
+        page.locator(".gk-hit h3 a").first.click()
+        expect(badge(page)).to_be_visible()
+        check("chunk")
+        for path in ("/energy/-/groundkit/documents/d_00000000000000000000",
+                     "/energy/-/groundkit/search?q=wind&offset=9999", "/nosuch/-/groundkit"):
+            page.goto(live.url + path)
+            expect(page.locator(".gk-error")).to_be_visible()
+            check(path)
+        assert len(checked) == 9
+    finally:
+        ctx.close()
+    assert refused == []
+
+
+def test_a_hit_opens_its_document_at_the_cited_chunk(live, page):
+    page.goto(live.url + "/energy/-/groundkit/search?q=batteries")
+    hit = page.locator(".gk-hit").first
+    expect(hit.locator("h3 a")).to_have_text("Solar power > Storage")
+    hit.locator("a.gk-document").click()
+    expect(page).to_have_url(re.compile(r"/energy/-/groundkit/documents/d_[0-9a-f]{20}\?chunk=c_[0-9a-f]{24}#c_"))
+    expect(page.get_by_role("heading", level=1)).to_have_text("Solar power")
+    cited = page.locator(".gk-doc-cited")
+    expect(cited).to_contain_text("Batteries store surplus energy")
+    expect(cited.locator("mark.gk-cited")).to_be_visible()
+    assert page.evaluate("() => document.querySelector(':target') === document.querySelector('.gk-doc-cited')")
+    expect(badge(page)).to_have_text(re.compile("unchanged"))
+    # The table of contents leads to each section's chunk.
+    page.locator(".gk-toc").get_by_role("link", name="Costs").click()
+    expect(page).to_have_url(re.compile(r"#c_[0-9a-f]{24}$"))
+    expect(page.locator(".gk-doc-chunk:target")).to_contain_text("Panel prices fell")
+    assert_accessible(page)
+    # The source changed, then vanished: the document says so, and still shows the indexed text.
+    solar = live.corpus / "solar.md"
+    solar.write_text(solar.read_text(encoding="utf-8") + "\nA new line.\n", encoding="utf-8")
+    page.reload()
+    expect(badge(page)).to_have_text(re.compile("changed"))
+    solar.unlink()
+    page.reload()
+    expect(badge(page)).to_have_text(re.compile("missing"))
+    expect(page.locator(".gk-doc-text")).to_contain_text("Photovoltaic panels")
+    # And to the raw rows in Datasette.
+    page.get_by_role("link", name="its chunks' rows").click()
+    expect(page).to_have_url(re.compile(r"/energy/chunks\?document_id=d_"))
+    expect(page.locator("body")).to_contain_text("Lithium-ion")
+
+
+def test_grouped_hits_open_and_pages_follow_on(live, page):
+    page.goto(live.url + "/energy/-/groundkit/search")
+    page.get_by_label("Query").fill("power energy storage")
+    page.get_by_label("Hits per page").fill("3")
+    page.get_by_label("Group hits by document").check()
+    page.get_by_role("button", name="Search").click()
+    more = page.locator(".gk-more details").first
+    expect(more.locator("summary")).to_have_text(re.compile(r"^\d+ more in this document$"))
+    expect(more.locator(".gk-hit").first).to_be_hidden()
+    more.locator("summary").click()
+    expect(more.locator(".gk-hit").first).to_be_visible()
+    first_page = page.locator(".gk-rank").all_text_contents()
+    page.get_by_role("link", name="Next page").click()
+    expect(page).to_have_url(re.compile(r"offset=3"))
+    expect(page.get_by_label("Group hits by document")).to_be_checked()
+    second = page.locator(".gk-rank").all_text_contents()
+    assert set(second).isdisjoint(first_page) and min(int(r[:-1]) for r in second) == 4
+    page.get_by_role("link", name="Previous page").click()
+    assert page.locator(".gk-rank").all_text_contents() == first_page
 
 
 def _demo_corpus(root: Path) -> Path:

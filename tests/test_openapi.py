@@ -126,6 +126,7 @@ async def test_every_documented_operation_answers(collection, corpus):
     doc = await fetch_doc(ds)
     hit = (await ds.client.get("/energy/-/groundkit/search.json?query=wind")).json()["hits"][0]
     values = {"collection": "energy", "chunk_id": hit["chunk_id"], "query": "wind",
+              "document_id": hit["document_id"],
               "quotes": ["wind"]}
     for route, item in doc["paths"].items():
         path = route.format(**values)
@@ -155,7 +156,8 @@ async def test_get_query_parameters_are_documented_as_the_request_fields(collect
     doc = await fetch_doc(make_ds(collection, corpus))
     params = {p["name"]: p for p in doc["paths"]["/{collection}/-/groundkit/search.json"]
               ["get"]["parameters"]}
-    assert set(params) == {"query", "mode", "top_k", "rerank", "source", "document_id", "vector"}
+    assert set(params) == {"query", "mode", "top_k", "rerank", "source", "document_id", "vector",
+                           "offset", "group_by_document"}
     assert params["query"]["required"] is True and params["top_k"]["required"] is False
     assert params["vector"]["explode"] is True and params["top_k"]["schema"]["maximum"] == 50
     chunk = doc["paths"]["/{collection}/-/groundkit/chunks/{chunk_id}.json"]["get"]

@@ -201,14 +201,15 @@ def expected_patterns(tools):
 async def test_routes_served_equal_the_tool_table(ds):
     tools = all_tools()
     assert [t.name for t in tools] == ["list_collections", "index_status", "search", "fetch_chunk",
-                                       "verify_quote"]
+                                       "fetch_document", "verify_quote"]
     assert route_mismatch(ds) == ([], [])
     # And the running app answers every one of them.
     r = await ds.client.get("/energy/-/groundkit/status.json")
     chunk = (await post_json(ds, "/energy/-/groundkit/search.json", {"query": "wind"})).json()
     chunk_id = chunk["hits"][0]["chunk_id"]
+    document_id = chunk["hits"][0]["document_id"]
     for tool in tools:
-        params = {"collection": "energy", "chunk_id": chunk_id}
+        params = {"collection": "energy", "chunk_id": chunk_id, "document_id": document_id}
         json_path = tool.path(**params)
         if tool.method == "POST":
             body = {"quotes": [{"text": "wind"}]} if tool.name == "verify_quote" else {"query": "wind"}

@@ -57,6 +57,20 @@ PRIVATE_MODES = (0o600, 0o700)
 GROUP_READABLE_MODES = (0o640, 0o750)
 
 
+# Files listed by name in a collection's ingest_report entry; the counts cover every file.
+MAX_REPORTED_FILES = 200
+
+
+def ingest_summary(report: "IngestReport") -> str:
+    """The manifest's ``ingest_report``: what the publishing run skipped or could not ingest."""
+    return json.dumps({
+        "skipped": len(report.skipped_files),
+        "failed": len(report.failed_files),
+        "skipped_files": [[s, r] for s, r in report.skipped_files[:MAX_REPORTED_FILES]],
+        "failed_files": [[s, r] for s, r in report.failed_files[:MAX_REPORTED_FILES]],
+    })
+
+
 @dataclass
 class IngestReport:
     added: int = 0
@@ -636,7 +650,7 @@ class Indexer:
         rescore = manifest.get("bm25") != json.dumps(bm25_index.settings())
         if changed or rechunk or rescore or manifest.get("chunker") is None:
             changed = True
-            self._write_manifest(conn, manifest, embedder, chunker, generation, base)
+            self._write_manifest(conn, manifest, embedder, chunker, generation, base, report)
         report.generation = generation if changed else int(manifest.get("generation", "0"))
         return changed, vectors
 
@@ -784,14 +798,18 @@ class Indexer:
         length, ids, freqs = terms.encode(embedding_text(chunk.heading, chunk.text))
         return row_id, length, ids, freqs
 
-    def _write_manifest(self, conn, manifest, embedder, chunker, generation, base):
+    def _write_manifest(self, conn, manifest, embedder, chunker, generation, base, report=None):
         values = {
             "generation": str(generation),
             "chunker": chunker,
             "base_dir": os.path.relpath(base, self.index_dir.resolve()),
             "bm25": json.dumps(bm25_index.settings()),
+            "ingested_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
+                timespec="seconds"),
             "tokenizer": bm25_index.TOKENIZER,
         }
+        if report is not None:
+            values["ingest_report"] = ingest_summary(report)
         # Sticky: once any version had an access list, every later one says so, so a publish
         # that drops the last list cannot open Datasette's raw views mid-flight (adr/0011).
         if conn.execute("SELECT 1 FROM documents WHERE acl IS NOT NULL LIMIT 1").fetchone():

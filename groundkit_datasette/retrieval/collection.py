@@ -246,7 +246,30 @@ class Collection:
             chunker=chunker,
             bm25_terms=terms,
             vectors=vectors,
+            last_ingest=self._last_ingest(),
         )
+
+    def _last_ingest(self):
+        """The manifest's ingest record; file names only where no access list could hide one."""
+        from .models import LastIngest
+
+        at, raw = self.manifest.get("ingested_at"), self.manifest.get("ingest_report")
+        if at is None and raw is None:
+            return None
+        try:
+            report = json.loads(raw) if raw else {}
+        except ValueError:
+            report = {}
+        named = self.manifest.get("access_lists") != "1"
+
+        def files(key):
+            if not named:
+                return None
+            return [{"source": str(s), "reason": str(r)} for s, r in report.get(key, [])]
+
+        return LastIngest(ingested_at=at, skipped=int(report.get("skipped", 0)),
+                          failed=int(report.get("failed", 0)),
+                          skipped_files=files("skipped_files"), failed_files=files("failed_files"))
 
     def vector_count(self, hidden_documents=()) -> int:
         """Chunks of this version that have a vector, leaving out ``hidden_documents``' chunks."""

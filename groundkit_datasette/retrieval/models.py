@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -11,6 +12,9 @@ MAX_TOP_K = 50
 DEFAULT_TOP_K = 10
 MAX_VECTOR_DIMS = 4096
 CHUNK_ID_PATTERN = r"^c_[0-9a-f]{24}$"
+# Paging: hits ``offset+1 .. offset+top_k`` of one ranking; the window ends by MAX_WINDOW.
+MAX_WINDOW = 500
+MAX_OFFSET = MAX_WINDOW - MAX_TOP_K
 
 
 
@@ -49,6 +53,17 @@ class SearchRequest(Request):
     document_id: str | None = Field(
         default=None, max_length=100,
         description="Only chunks of this document: a document_id from a search hit or fetched chunk.",
+    )
+    offset: int = Field(
+        default=0, ge=0, le=MAX_OFFSET,
+        description=f"Skip this many hits of the ranking, 0 to {MAX_OFFSET}: the next page starts at "
+        "the previous response's next_offset. Pages of one collection generation are cuts of one "
+        "ordering (ties broken deterministically).",
+    )
+    group_by_document: bool = Field(
+        default=False,
+        description="Also return the page's hits grouped by document (groups), each document in "
+        "the order of its best hit.",
     )
     vector: list[float] | None = Field(
         default=None,
@@ -133,11 +148,28 @@ class Hit(Citation):
                     "hit's text may be stale: fetch_chunk verifies it); null when not recorded.")
 
 
+class DocumentGroup(Response):
+    """A page's hits from one document: ``chunk_ids`` in rank order, the first the best."""
+
+    document_id: str
+    source: str
+    title: str | None
+    best_rank: int
+    chunk_ids: list[str]
+
+
 class SearchResponse(Response):
     collection: str
     mode: str
     generation: int
     top_k: int
+    offset: int = 0
+    next_offset: int | None = Field(
+        default=None, description="The offset of the next page, or None when this is the last one.")
+    top_score: float | None = Field(
+        default=None, description="The score of the ranking's first hit (also on later pages).")
+    groups: list[DocumentGroup] | None = Field(
+        default=None, description="With group_by_document: the hits grouped by document.")
     reranked: bool = False
     rerank_model: str | None = None
     rerank_depth: int | None = None
@@ -164,6 +196,22 @@ class EmbeddingManifest(Response):
     dimensions: int
 
 
+class IngestFile(Response):
+    source: str
+    reason: str
+
+
+class LastIngest(Response):
+    """What the run that published this generation left out. ``files`` is None when the
+    collection has (or ever had) access lists: then only the counts are shown."""
+
+    ingested_at: str | None = None
+    skipped: int = 0
+    failed: int = 0
+    skipped_files: list[IngestFile] | None = None
+    failed_files: list[IngestFile] | None = None
+
+
 class IndexStatus(Response):
     collection: str
     generation: int
@@ -183,6 +231,9 @@ class IndexStatus(Response):
         description="Chunks with a vector in this version; equals chunks when dense search covers "
                     "them all. None for a collection built without embeddings.",
     )
+    last_ingest: LastIngest | None = Field(
+        default=None, description="When this generation was ingested, and the files that run "
+        "skipped or failed with their reasons. None for collections written before it was kept.")
 
 
 class CollectionsResponse(Response):
@@ -192,3 +243,57 @@ class CollectionsResponse(Response):
 from .citations import Verification as VerificationModel  # noqa: E402
 
 ChunkResponse.model_rebuild()
+
+
+# -- one document, read whole (fetch_document) ---------------------------------------
+
+DOCUMENT_ID_PATTERN = r"^d_[0-9a-f]{20}$"
+
+
+class FetchDocumentRequest(Request):
+    document_id: str = Field(pattern=DOCUMENT_ID_PATTERN,
+                             description="A document_id from a search hit or fetched chunk.")
+
+
+class DocumentHeading(Response):
+    """One entry of a document's table of contents: a heading path and the chunk it starts."""
+
+    heading: str
+    depth: int
+    chunk_id: str
+
+
+class DocumentChunk(Response):
+    chunk_id: str
+    chunk_index: int
+    start_offset: int
+    end_offset: int
+    line_start: int
+    line_end: int
+    page_start: int | None = None
+    page_end: int | None = None
+    heading: str
+    content: str
+    shown_from: int = Field(
+        default=0, description="Characters at the start of content the previous chunk already "
+        "covers (chunk overlap): content[shown_from:] continues the document's text.")
+
+
+class DocumentVerification(Response):
+    status: Literal["unchanged", "changed", "missing", "unresolvable"]
+    reason: str
+
+
+class DocumentResponse(Response):
+    collection: str
+    generation: int
+    document_id: str
+    source: str
+    title: str | None
+    char_count: int
+    line_count: int
+    page_count: int | None = None
+    ingested_at: str
+    verification: DocumentVerification
+    headings: list[DocumentHeading]
+    chunks: list[DocumentChunk]

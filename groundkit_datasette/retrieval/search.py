@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import DenseUnavailable, RerankNotConfigured, RerankerError
-from .models import MAX_TOP_K, SearchRequest, SearchResponse
+from ..errors import DenseUnavailable, InvalidRequest, RerankNotConfigured, RerankerError
+from .models import MAX_OFFSET, MAX_TOP_K, SearchRequest, SearchResponse
 from .modes import HYBRID_DEPTH, RRF_K, fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
 from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (part of the API)
 
@@ -91,7 +91,7 @@ def _allowed(collection, request, access=None) -> Allowed | None:
     return Allowed(ids, sorted({r[1] for r in rows}), hidden=hidden_rows)
 
 
-def _hits(collection, ranked, components):
+def _hits(collection, ranked, components, first_rank: int = 1):
     if not ranked:
         return []
     ids = [cid for cid, _ in ranked]
@@ -109,7 +109,7 @@ def _hits(collection, ranked, components):
     }
     changed = _source_changed(collection, rows.values())
     hits = []
-    for rank, (cid, score) in enumerate(ranked, 1):
+    for rank, (cid, score) in enumerate(ranked, first_rank):
         r = rows.get(cid)
         if r is None:  # a vector without its chunk row: never serve a half-consistent hit
             from ..errors import IndexInconsistent
@@ -156,7 +156,7 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
                                "cannot be used")
     if request.rerank and collection.reranker is None:
         raise RerankNotConfigured("reranking was requested but no reranker is configured")
-    depth = MAX_TOP_K if request.rerank else request.top_k
+    depth = _ranking_depth(request, name)
     # Plain dicts: SearchResponse validates every hit in one pass of pydantic-core.
     ctx = RankContext(collection, request, depth, _allowed(collection, request, access))
     ranked = mode.rank(ctx)
@@ -169,14 +169,21 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
         ranked, rerank_model, rerank_depth = ctx.timed(
             "rerank_ms", _rerank, collection, request.query, ranked, ctx.components
         )
-    ranked = ranked[: request.top_k]
-    hits = _hits(collection, ranked, ctx.components)
+    window = request.offset + request.top_k
+    more = len(ranked) > window and window <= MAX_OFFSET
+    top_score = ranked[0][1] if ranked else None
+    ranked = ranked[request.offset : window]
+    hits = _hits(collection, ranked, ctx.components, request.offset + 1)
     ctx.timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
     return SearchResponse(
         collection=collection.name,
         mode=name,
         generation=collection.generation,
         top_k=request.top_k,
+        offset=request.offset,
+        next_offset=window if more else None,
+        top_score=top_score,
+        groups=_groups(hits) if request.group_by_document else None,
         reranked=request.rerank,
         rerank_model=rerank_model,
         rerank_depth=rerank_depth,
@@ -184,6 +191,41 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
         timings_ms=ctx.timings,
         hits=hits,
     )
+
+
+def _ranking_depth(request: SearchRequest, mode_name: str) -> int:
+    """How deep to rank so that the page (and whether another follows) is a cut of one ordering.
+
+    BM25 and exact dense rankings are prefixes of each other at any depth, so one more than
+    the page's end is enough. Hybrid fuses two lists of HYBRID_DEPTH and a reranked page
+    comes from the reranked MAX_TOP_K: ranking deeper would change their order, so pages
+    stop there instead.
+    """
+    from .modes import HYBRID_DEPTH
+
+    window = request.offset + request.top_k
+    if request.rerank:
+        if window > MAX_TOP_K:
+            raise InvalidRequest(f"offset: reranked pages end at hit {MAX_TOP_K} (offset + top_k)")
+        return MAX_TOP_K
+    if mode_name == "hybrid":
+        if window > HYBRID_DEPTH:
+            raise InvalidRequest(f"offset: hybrid pages end at hit {HYBRID_DEPTH} (offset + top_k)")
+        return min(window + 1, HYBRID_DEPTH)
+    return window + 1
+
+
+def _groups(hits: list[dict]) -> list[dict]:
+    """The page's hits by document, documents in the order of their best hit."""
+    groups: dict[str, dict] = {}
+    for hit in hits:
+        group = groups.get(hit["document_id"])
+        if group is None:
+            group = groups[hit["document_id"]] = dict(
+                document_id=hit["document_id"], source=hit["source"], title=hit["title"],
+                best_rank=hit["rank"], chunk_ids=[])
+        group["chunk_ids"].append(hit["chunk_id"])
+    return list(groups.values())
 
 
 def _only_allowed(collection, ranked, allowed):

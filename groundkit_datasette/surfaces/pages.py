@@ -20,7 +20,8 @@ from .service import ToolContext, call_tool
 from .tools import BUILTIN_TOOLS, Tool, all_tools
 
 _FORM_FIELDS = {"q": "query", "mode": "mode", "top_k": "top_k", "rerank": "rerank",
-                "source": "source"}
+                "source": "source", "offset": "offset", "group": "group_by_document"}
+_FORM_FLAGS = ("rerank", "group_by_document")
 SNIPPET_CHARS = 360
 _STATIC_DIR = Path(__file__).parent.parent / "plugin" / "static"
 NO_RERANKER = "no reranker is configured on this server"
@@ -39,8 +40,9 @@ def _arguments(tool: Tool, request) -> tuple[dict, bool]:
         submitted = "q" in request.args
         if submitted and "query" not in args:
             args["query"] = ""
-        if "rerank" in args:
-            args["rerank"] = args["rerank"] in ("1", "on", "true")
+        for flag in _FORM_FLAGS:
+            if flag in args:
+                args[flag] = args[flag] in ("1", "on", "true")
         return args, submitted
     if tool.name == "verify_quote":
         return _quote_arguments(request)
@@ -154,6 +156,60 @@ def highlight(text: str, terms: QueryTerms | None, limit: int | None = None) -> 
     return Markup("").join(out)
 
 
+# -- snippets as text --------------------------------------------------------------
+
+_MD_LINE = [
+    (re.compile(r"^\s{0,3}(?:`{3,}|~{3,}).*$", re.M), ""),          # code fences
+    (re.compile(r"^\s{0,3}#{1,6}\s+(.*?)\s*#*\s*$", re.M), r"\1"),  # ATX headings
+    (re.compile(r"^\s{0,3}(?:[-*_]\s*){3,}$", re.M), ""),             # thematic breaks
+    (re.compile(r"^\s{0,3}(?:>\s?)+", re.M), ""),                     # block quotes
+    (re.compile(r"^(\s*)(?:[-*+]|\d{1,9}[.)])\s+(?:\[[ xX]\]\s+)?", re.M), r"\1"),  # list markers
+    (re.compile(r"^\s*\|?(?:\s*:?-{3,}:?\s*\|)+\s*:?-*:?\s*$", re.M), ""),  # table rules
+]
+_MD_INLINE = [
+    (re.compile(r"!\[([^\]]*)\]\([^)]*\)"), r"\1"),       # images: their alt text
+    (re.compile(r"\[([^\]]+)\]\([^)]*\)"), r"\1"),        # links: their text
+    (re.compile(r"\[([^\]]+)\]\[[^\]]*\]"), r"\1"),      # reference links
+    (re.compile(r"^\s{0,3}\[[^\]]+\]:\s+\S+.*$", re.M), ""),  # link definitions
+    (re.compile(r"`+([^`]*)`+"), r"\1"),                   # inline code
+    (re.compile(r"(\*\*|__)(?=\S)(.+?)(?<=\S)\1"), r"\2"),  # strong
+    (re.compile(r"(?<![\w*])\*(?=\S)([^*\n]+?)(?<=\S)\*(?![\w*])"), r"\1"),  # emphasis
+    (re.compile(r"(?<!\w)_(?=\S)([^_\n]+?)(?<=\S)_(?!\w)"), r"\1"),
+]
+_MARKDOWN_SUFFIXES = (".md", ".markdown", ".mdown", ".mkd")
+
+
+def plain_text(text: str, source: str = "") -> str:
+    """A chunk's text as a person reads it: Markdown syntax dropped from Markdown sources.
+
+    Only the markup goes (heading hashes, list markers, backticks, link syntax, emphasis);
+    every word stays, and HTML in the text is left as text for the template to escape.
+    """
+    text = text or ""
+    if source.lower().endswith(_MARKDOWN_SUFFIXES):
+        for pattern, repl in _MD_LINE + _MD_INLINE:
+            text = pattern.sub(repl, text)
+    return _BLANK_LINES.sub("\n", text).strip("\n")
+
+
+# -- weak hits ----------------------------------------------------------------------
+
+# A BM25 hit scoring under this share of the ranking's first hit is shown as weak.
+WEAK_SCORE_RATIO = 0.25
+
+
+def weak_reason(hit, response) -> str | None:
+    """Why a hit is a weak match, or None. Two rules, documented in docs/api.md:
+    a fused or dense hit no keyword list found (no ``bm25`` component), or, in BM25
+    without reranking, a score under WEAK_SCORE_RATIO of the ranking's first hit."""
+    if response.mode != "bm25" and "bm25" not in hit.components:
+        return "no keyword match"
+    if (response.mode == "bm25" and not response.reranked and response.top_score
+            and hit.score < WEAK_SCORE_RATIO * response.top_score):
+        return "score far below the best hit"
+    return None
+
+
 # -- display helpers ----------------------------------------------------------------
 
 
@@ -211,6 +267,7 @@ def _search_form(datasette, collection: str, status, arguments: dict, response, 
             "hybrid" if status and status.dense_available else "bm25")
     options = _mode_options(status, mode)
     top_k = arguments.get("top_k", "")
+    group = bool(arguments.get("group_by_document"))
     return {
         "action": datasette.urls.path(_tool_named("search").path_for_html(collection=collection)),
         "q": arguments.get("query", ""),
@@ -222,6 +279,7 @@ def _search_form(datasette, collection: str, status, arguments: dict, response, 
         "max_query_chars": _settings(datasette).max_query_chars,
         "source": arguments.get("source", ""),
         "rerank": bool(arguments.get("rerank")),
+        "group": group,
         "rerank_available": reranker,
         "rerank_reason": None if reranker else NO_RERANKER,
     }
@@ -271,25 +329,52 @@ async def _status_context(datasette, request, ctx, response, arguments, status=N
     }
 
 
+def _page_url(request, offset: int) -> str:
+    """This search page's URL with another ``offset``: every other field as the request had it."""
+    pairs = [(k, v) for k, v in urllib.parse.parse_qsl(request.query_string, keep_blank_values=True)
+             if k != "offset"]
+    if offset:
+        pairs.append(("offset", str(offset)))
+    return request.path + "?" + urllib.parse.urlencode(pairs)
+
+
 async def _search_context(datasette, request, ctx, response, arguments, status=None):
     collection = request.url_vars["collection"]
     terms = QueryTerms(arguments.get("query") or "")
     hits = []
     for hit in (response.hits if response else []):
+        document = hit.title or hit.source
         hits.append({
             "hit": hit,
-            "title": hit.title or hit.source,
+            # Titled by the section: one document's hits differ by their headings.
+            "title": hit.heading or document,
+            "document": document,
             "url": _chunk_url(datasette, collection, hit.chunk_id),
+            "document_url": _document_url(datasette, collection, hit.document_id, hit.chunk_id),
             "lines": span_label("line", hit.line_start, hit.line_end),
             "pages": span_label("page", hit.page_start, hit.page_end),
             "score": f"{hit.score:.4g}",
             "components": _components(hit),
-            # Blank lines collapsed: the snippet keeps line breaks but stays short.
-            "snippet": highlight(_BLANK_LINES.sub("\n", hit.content), terms, SNIPPET_CHARS),
+            "weak": weak_reason(hit, response),
+            # Readable text, blank lines collapsed: it keeps line breaks but stays short.
+            "snippet": highlight(plain_text(hit.content, hit.source), terms, SNIPPET_CHARS),
         })
+    groups = None
+    if response is not None and response.groups is not None:
+        by_id = {h["hit"].chunk_id: h for h in hits}
+        groups = [{"group": g, "first": by_id[g.chunk_ids[0]],
+                   "more": [by_id[c] for c in g.chunk_ids[1:]]} for g in response.groups]
+    pages = {}
+    if response is not None:
+        if response.next_offset is not None:
+            pages["next"] = _page_url(request, response.next_offset)
+        if response.offset:
+            pages["previous"] = _page_url(request, max(0, response.offset - response.top_k))
     return {
         "status": status,
         "hits": hits,
+        "groups": groups,
+        "pages": pages,
         "form": _search_form(datasette, collection, status, arguments, response,
                              ctx.registry.reranker_configured),
     }
@@ -319,6 +404,52 @@ async def _chunk_context(datasette, request, ctx, response, arguments, status=No
         "chunk_row_url": datasette.urls.table(collection, "chunks")
         + "?" + urllib.parse.urlencode({"chunk_id": chunk.chunk_id}),
         "document_url": datasette.urls.row(collection, "documents", tilde_encode(chunk.document_id)),
+        "document_page_url": _document_url(datasette, collection, chunk.document_id, chunk.chunk_id),
+        "search_url": datasette.urls.path(_tool_named("search").path_for_html(collection=collection)),
+    }
+
+
+def _document_url(datasette, collection: str, document_id: str, chunk_id: str | None = None) -> str:
+    path = datasette.urls.path(_tool_named("fetch_document").path_for_html(
+        collection=collection, document_id=urllib.parse.quote(document_id, safe="")))
+    if chunk_id:
+        path += "?" + urllib.parse.urlencode({"chunk": chunk_id}) + "#" + chunk_id
+    return path
+
+
+_DOCUMENT_STATUS_MARK = {"unchanged": "✓", "changed": "!", "missing": "?", "unresolvable": "?"}
+MAX_TOC_DEPTH = 5
+
+
+async def _document_context(datasette, request, ctx, response, arguments, status=None):
+    if response is None:
+        return {}
+    collection = request.url_vars["collection"]
+    known = {c.chunk_id for c in response.chunks}
+    cited = request.args.get("chunk")
+    cited = cited if cited in known else None  # anything else is ignored, never echoed
+    blocks = [{
+        "chunk": c,
+        "text": c.content[c.shown_from:],
+        "cited": c.chunk_id == cited,
+        "url": _chunk_url(datasette, collection, c.chunk_id),
+        "lines": span_label("line", c.line_start, c.line_end),
+        "pages": span_label("page", c.page_start, c.page_end),
+    } for c in response.chunks]
+    toc = [{"label": h.heading.split(" > ")[-1], "path": h.heading, "href": "#" + h.chunk_id,
+            "depth": min(h.depth, MAX_TOC_DEPTH)} for h in response.headings]
+    v = response.verification
+    return {
+        "document": response,
+        "blocks": blocks,
+        "toc": toc,
+        "cited": cited,
+        "status_mark": _DOCUMENT_STATUS_MARK[v.status],
+        "document_row_url": datasette.urls.row(collection, "documents",
+                                               tilde_encode(response.document_id)),
+        "chunks_rows_url": datasette.urls.table(collection, "chunks")
+        + "?" + urllib.parse.urlencode({"document_id": response.document_id,
+                                        "_sort": "chunk_index"}),
         "search_url": datasette.urls.path(_tool_named("search").path_for_html(collection=collection)),
     }
 
@@ -328,6 +459,7 @@ _CONTEXT = {
     "index_status": _status_context,
     "search": _search_context,
     "fetch_chunk": _chunk_context,
+    "fetch_document": _document_context,
 }
 
 
@@ -373,6 +505,8 @@ def html_view(tool: Tool):
         html = await datasette.render_template(
             [tool.template or "groundkit_tool.html"], context, request=request
         )
+        # Datasette's base template names no language; screen readers need one (WCAG 3.1.1).
+        html = html.replace("<html>", '<html lang="en">', 1)
         code = error.status if error is not None else 200
         out = Response.html(html, status=code)
         out.headers["X-Request-ID"] = ctx.request_id

@@ -36,6 +36,7 @@ _ERRORS: dict[type, tuple[int, bool]] = {
     E.EmbedderMismatch: (409, True),
     E.CollectionNotFound: (404, True),
     E.ChunkNotFound: (404, True),
+    E.DocumentNotFound: (404, True),
     E.NotACollection: (404, True),
     E.IndexInconsistent: (409, True),
     E.SchemaMismatch: (409, True),

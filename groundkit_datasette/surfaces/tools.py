@@ -16,7 +16,9 @@ from pydantic import BaseModel
 from ..retrieval.models import (
     ChunkResponse,
     CollectionsResponse,
+    DocumentResponse,
     FetchChunkRequest,
+    FetchDocumentRequest,
     IndexStatus,
     ListCollectionsRequest,
     SearchRequest,
@@ -105,6 +107,20 @@ async def _fetch_chunk(ctx, collection, request):
     return await ctx.run(ctx.scoped(col).fetch_chunk, request.chunk_id)
 
 
+async def _fetch_document(ctx, collection, request):
+    from ..retrieval.documents import fetch_document
+
+    col = await ctx.collection(collection)
+    scoped = ctx.scoped(col)
+
+    def read():
+        access = scoped.access()  # a document the caller may not read is not found
+        return fetch_document(col, request.document_id,
+                              access.hidden_documents if access is not None else ())
+
+    return await ctx.run(read)
+
+
 BUILTIN_TOOLS = (
     Tool(
         name="list_collections",
@@ -150,6 +166,18 @@ BUILTIN_TOOLS = (
         json_route="/{collection}/-/groundkit/chunks/{chunk_id}.json",
         html_route="/{collection}/-/groundkit/chunks/{chunk_id}",
         template="groundkit_chunk.html",
+    ),
+    Tool(
+        name="fetch_document",
+        summary="Fetch a whole document by id: its chunks in order, its headings, and whether "
+                "its source file changed since ingest.",
+        request_model=FetchDocumentRequest,
+        response_model=DocumentResponse,
+        handler=_fetch_document,
+        scope="collection",
+        json_route="/{collection}/-/groundkit/documents/{document_id}.json",
+        html_route="/{collection}/-/groundkit/documents/{document_id}",
+        template="groundkit_document.html",
     ),
     Tool(
         name="verify_quote",
