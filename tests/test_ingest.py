@@ -138,7 +138,7 @@ def test_full_text_index_matches_the_chunks_across_incremental_runs(corpus, inde
     assert fts_is_consistent(path, tmp_path)
     assert rows(path, "SELECT count(*) FROM chunks_fts WHERE chunks_fts MATCH 'lagoons OR gales'") == [(2,)]
     # The published file keeps the trigger, so rows added by hand are indexed too (and the CJK
-    # side table's, adr/0020-quote-cjk-search.md).
+    # side table's, adr/0022-cjk-search.md).
     assert rows(path, "SELECT name FROM sqlite_master WHERE type = 'trigger' ORDER BY name") == [
         ("chunks_ad",), ("chunks_ai",), ("chunks_cjk_ad",), ("chunks_cjk_ai",)
     ]

@@ -15,7 +15,7 @@ text: their headings, slides (``# Slide 3``) and sheets (``# Sheet "Q3"``) becom
 headings, so the chunker's heading paths name where a citation is, and a body line that
 would read as Markdown structure is escaped with a backslash. Each of these extractors
 records its own version and the library's, so a citation is only checked by the same
-code (adr/0020-formats-office-and-ebook-text.md).
+code (adr/0020-office-and-ebook-text.md).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ CREATE TABLE groundkit_manifest (
 ) WITHOUT ROWID;
 """
 
-# CJK text for Datasette's ?_search= (adr/0020-quote-cjk-search.md): FTS5's unicode61 reads a
+# CJK text for Datasette's ?_search= (adr/0022-cjk-search.md): FTS5's unicode61 reads a
 # run of Han/Kana/Hangul as one token, so each chunk holding such text gets a row of its runs'
 # character bigrams, space-separated, indexed by an FTS5 table of its own. Rows follow their
 # chunk (a foreign-key cascade); the triggers keep the index in step, deletes included.

@@ -23,7 +23,7 @@ _CJK = ("\u1100-\u11ff\u3005-\u3007\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400
 _TOKEN = re.compile(f"[{_CJK}]+|[^\\W{_CJK}]+")
 _CJK_CHAR = re.compile(f"[{_CJK}]")
 # What the stored terms were tokenized with (the manifest's ``tokenizer``): words, stemmed, and
-# runs of CJK characters as overlapping character bigrams (adr/0020-quote-cjk-search.md).
+# runs of CJK characters as overlapping character bigrams (adr/0022-cjk-search.md).
 TOKENIZER = "words+cjk-bigrams-1"
 # A reserved postings row: every chunk row id in content-hash order, the BM25 tie-breaker.
 TIE_ORDER_ID = -1

@@ -11,7 +11,7 @@ A watched path that disappears (renamed away, deleted) is a root with nothing in
 documents are removed, and the path is picked up again if it comes back. SIGINT and
 SIGTERM stop the loop; a batch in progress is abandoned the way ingest abandons any run
 (its private copy removed, the lock released), so the published collection is never
-half-written. See adr/0021-formats-watch-mode.md.
+half-written. See adr/0021-watch-mode.md.
 """
 
 from __future__ import annotations
