@@ -21,7 +21,7 @@ from ..security import outbound
 from .. import plugins
 from ..errors import EmbedderError
 from ..hookspecs import hookimpl
-from .onnx_cpu import cpu_session
+from .onnx_cpu import cpu_session, usable_threads as _usable_threads
 
 from ..plugins import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
 
@@ -102,14 +102,6 @@ def _requirement(package: str) -> str:
         if name.lower().replace("_", "-") == dist and ";" not in line:
             return line.strip()
     return dist
-
-
-def _usable_threads() -> int:
-    # Affinity, not os.cpu_count(): containers often pin us to fewer cores.
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 class MiniLMEmbedder(Embedder):

@@ -1,6 +1,15 @@
 """One way to run an ONNX model in process: the embedder and the cross-encoder share it."""
 
+import os
 from pathlib import Path
+
+
+def usable_threads() -> int:
+    """CPUs this process may run on: affinity, not os.cpu_count() (containers pin fewer)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
 
 
 def cpu_session(model_file: Path, threads: int):

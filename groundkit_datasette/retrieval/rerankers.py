@@ -21,7 +21,7 @@ from ..security import outbound
 from .. import plugins
 from ..errors import RerankerError
 from ..hookspecs import hookimpl
-from ..embedding.onnx_cpu import cpu_session
+from ..embedding.onnx_cpu import cpu_session, usable_threads as _usable_threads
 
 
 @runtime_checkable
@@ -64,14 +64,6 @@ def _positive_int(value: Any, option: str, *, maximum: int | None = None) -> int
         limit = f" up to {maximum}" if maximum else ""
         raise RerankerError(f"{option} must be a positive integer{limit}")
     return value
-
-
-def _usable_threads() -> int:
-    # Affinity, not os.cpu_count(): containers often pin us to fewer cores.
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 # --------------------------------------------------------------------------
