@@ -67,13 +67,32 @@ def dense_unavailable_reason(collection) -> str | None:
     return None
 
 
+# Up to this depth the BM25 ranker reads the hits' whole rows with its one lookup by row id
+# (``RankedHits.rows``), so the search builds its hits without a second query. Deeper lists
+# (hybrid's candidates, eval) read only the chunk ids.
+PREFETCH_DEPTH = 64
+
+
+class RankedHits(list):
+    """A ranking ``[(chunk_id, score)]`` with the hit rows read along with it (``rows``, by
+    chunk id, in ``search.hit_rows``'s layout)."""
+
+    rows: dict = {}
+
+
 def bm25_ranked(collection, query, depth, allowed):
     """Top ``depth`` as ``[(chunk_id, score)]``; ties broken by chunk content hash."""
     hidden = allowed.hidden if allowed is not None else None
     with collection._lock:
-        total = collection.chunk_total() if hidden is not None else None
-        ids, scores = bm25.score(collection._conn, query, collection.postings_cache, hidden, total)
         ranks = collection.tie_ranks()
+        if allowed is None and ranks is not None:
+            # Nothing hidden: only the chunks that can reach the top ``depth`` are scored.
+            ids, scores = bm25.top_candidates(collection._conn, query, depth,
+                                              collection.postings_cache)
+        else:
+            total = collection.chunk_total() if hidden is not None else None
+            ids, scores = bm25.score(collection._conn, query, collection.postings_cache,
+                                     hidden, total)
     if allowed is not None and ids.size:
         keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
         ids, scores = ids[keep], scores[keep]
@@ -85,13 +104,20 @@ def bm25_ranked(collection, query, depth, allowed):
         ids, scores = ids[sel], scores[sel]
     if ranks is not None:
         order = np.lexsort((ranks[ids], -scores))[:depth]
-        ids, scores = ids[order], scores[order]
-        marks = ",".join("?" * ids.size)
+        rows_ids, score_list = ids[order].tolist(), scores[order].tolist()
+        if depth <= PREFETCH_DEPTH:
+            from .search import hit_rows
+
+            rows = hit_rows(collection, "id", rows_ids)
+            by_id = {r[14]: r for r in rows}
+            out = RankedHits((by_id[i][0], s) for i, s in zip(rows_ids, score_list))
+            out.rows = {r[0]: r for r in rows}
+            return out
+        marks = ",".join("?" * len(rows_ids))
         chunk_ids = dict(
-            collection.query(f"SELECT id, chunk_id FROM chunks WHERE id IN ({marks})",
-                             [int(i) for i in ids])
+            collection.query(f"SELECT id, chunk_id FROM chunks WHERE id IN ({marks})", rows_ids)
         )
-        return [(chunk_ids[int(i)], float(s)) for i, s in zip(ids, scores)]
+        return [(chunk_ids[i], s) for i, s in zip(rows_ids, score_list)]
     # Collections written before the tie order was stored: look the hashes up.
     marks = ",".join("?" * ids.size)
     meta = dict(
