@@ -192,18 +192,7 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     hits = _hits(collection, ranked, ctx.components, request.offset + 1, prefetched)
     groups = _groups(hits) if request.group_by_document else None
     ctx.timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
-    if builtin:
-        # Everything here is the collection's own rows and our rankers' floats: build the
-        # models without validating them again (adr/0025-bm25-bm25-topk.md).
-        hits = [built(Hit, dict(h, components={k: built(ComponentScore, v)
-                                                for k, v in h["components"].items()}))
-                for h in hits]
-        if groups is not None:
-            groups = [built(DocumentGroup, g) for g in groups]
-        make = lambda **fields: built(SearchResponse, fields)  # noqa: E731
-    else:  # a plugin's mode: its scores and components are validated
-        make = SearchResponse
-    return make(
+    return build_response(dict(
         collection=collection.name,
         mode=name,
         generation=collection.generation,
@@ -218,7 +207,25 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
         complete=ctx.complete,
         timings_ms=ctx.timings,
         hits=hits,
-    )
+    ), trusted=builtin)
+
+
+def build_response(fields: dict, *, trusted: bool) -> SearchResponse:
+    """The response model from ``fields`` (hits and groups as plain dicts).
+
+    ``trusted``: everything is the collection's own rows and our rankers' floats, so the
+    models are built without validating them again (adr/0025-bm25-bm25-topk.md); a plugin's
+    mode, whose scores and components could be anything, is validated.
+    """
+    if not trusted:
+        return SearchResponse(**fields)
+    hits = [built(Hit, dict(h, components={k: built(ComponentScore, v)
+                                            for k, v in h["components"].items()}))
+            for h in fields["hits"]]
+    groups = fields.get("groups")
+    if groups is not None:
+        groups = [built(DocumentGroup, g) for g in groups]
+    return built(SearchResponse, dict(fields, hits=hits, groups=groups))
 
 
 def _ranking_depth(request: SearchRequest, mode_name: str) -> int:
