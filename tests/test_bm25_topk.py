@@ -1,5 +1,5 @@
 """The BM25 top-k path (bm25.top_candidates, rankers.bm25_ranked) against a plain reference
-scorer, and the response built from it (adr/0025-bm25-bm25-topk.md).
+scorer, and the response built from it (adr/0025-bm25-topk.md).
 
 The fast path cuts candidates with a lower bound and keeps its accumulator between queries;
 these tests hold it to the simple definition: every chunk's score summed in float32 in

@@ -187,7 +187,7 @@ def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict
     The cut is a lower bound on the ``depth``-th best score: a chunk's score is a sum of
     positive weights, so it is at least its weight for any one term, and each term has
     ``depth`` chunks at or above that term's ``depth``-th largest weight
-    (:meth:`Postings.kth`). See adr/0025-bm25-bm25-topk.md for the measurements.
+    (:meth:`Postings.kth`). See adr/0025-bm25-topk.md for the measurements.
     """
     postings, repeats = _query_postings(conn, query, cache)
     if not postings:

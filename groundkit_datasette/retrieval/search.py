@@ -214,7 +214,7 @@ def build_response(fields: dict, *, trusted: bool) -> SearchResponse:
     """The response model from ``fields`` (hits and groups as plain dicts).
 
     ``trusted``: everything is the collection's own rows and our rankers' floats, so the
-    models are built without validating them again (adr/0025-bm25-bm25-topk.md); a plugin's
+    models are built without validating them again (adr/0025-bm25-topk.md); a plugin's
     mode, whose scores and components could be anything, is validated.
     """
     if not trusted:
