@@ -105,11 +105,12 @@ def worker(engine: str, spec_file: str) -> dict:
         # does it (one lookup by row id, hits built without re-validation, model_dump_json).
         from groundkit_datasette.retrieval import search as _search
 
-        row_of = dict(col.query("SELECT chunk_id, id FROM chunks"))
-        ranked_ids = {}
-        for q in queries:
-            r = _bm25_ranked(col, q, TOP_K + 1, None)
-            ranked_ids[q] = ([row_of[cid] for cid, _ in r], [s for _, s in r])
+        from groundkit_datasette.retrieval.rankers import bm25_top_rows
+
+        def rank_only(q):  # the ranking alone, to row ids: what bm25s's retrieve returns
+            return bm25_top_rows(col, q, TOP_K + 1, None)
+
+        ranked_ids = {q: rank_only(q) for q in queries}
 
         def response(q):
             ids, scores = ranked_ids[q]
@@ -133,7 +134,8 @@ def worker(engine: str, spec_file: str) -> dict:
 
         search(queries[0])
         out["variants"] = {}
-        for label, fn in (("search", search), ("score+rank", ranked), ("score", score_only),
+        for label, fn in (("search", search), ("score+rank", ranked), ("rank to row ids", rank_only),
+                          ("score", score_only),
                           ("response", response), ("response, no stale check", response_unchecked)):
             out["variants"][label] = c.latency_stats(c.timed_passes(fn, queries, repeats))
         out["build_s"] = spec.get("ours_build_s")
@@ -313,10 +315,10 @@ def report_corpus(label, chunks, nq, results, ours_build_s) -> tuple[str, dict]:
     if fastest:
         b = results[fastest]
         r_search = ours_p50 / b["p50"]
-        r_raw = ours["variants"]["score+rank"][0] / b["p50"]
+        r_raw = ours["variants"]["rank to row ids"][0] / b["p50"]
         ok = "met" if r_search <= 1.0 else "MISSED"
-        text.append(f"target ours/bm25s-numba p50 <= 1.0: search {r_search:.2f} ({ok}); score+rank path "
-                    f"{r_raw:.2f}; p95 ratio {ours['variants']['search'][1] / b['p95']:.2f}")
+        text.append(f"target ours/bm25s-numba p50 <= 1.0: search {r_search:.2f} ({ok}); the ranking "
+                    f"alone (to row ids) {r_raw:.2f}; p95 ratio {ours['variants']['search'][1] / b['p95']:.2f}")
         if ours["ndcg"] is not None and b["ndcg"] is not None:
             text.append(f"nDCG@10 ours {ours['ndcg']:.4f} vs bm25s-numba {b['ndcg']:.4f} "
                         f"({'no worse' if ours['ndcg'] >= b['ndcg'] - 1e-9 else 'WORSE'})")
