@@ -246,6 +246,12 @@ async def test_a_changed_or_missing_source_is_said_not_drawn(pdf_corpus):
     corpus, index_dir, pdf = pdf_corpus
     ds = make_ds(index_dir, corpus)
     chunk_id = chunk_with(index_dir, "Turbine blades")
+    # Another page edited, every offset kept: the citation still verifies, so it is drawn.
+    edited = [[line.replace("Friday", "Monday") for line in REPORT[0]], REPORT[1]]
+    (corpus / "report.pdf").write_bytes(make_pdf(edited))
+    chunk = (await ds.client.get(f"/plant/-/groundkit/chunks/{chunk_id}.json")).json()
+    assert chunk["verification"]["status"] == "verified"
+    assert (await ds.client.get(image_path(chunk_id, 2))).status_code == 200
     changed = make_pdf([REPORT[0], ["Maintenance notes", "Something else entirely now."]])
     (corpus / "report.pdf").write_bytes(changed)
     r = await ds.client.get(image_path(chunk_id, 2))

@@ -11,9 +11,9 @@ from one to the other: whitespace aside, the span's characters are found in pdfi
 in the same order (the k-th occurrence for the k-th occurrence), line by line where the two
 libraries order lines differently. A character pdfium does not have is not highlighted.
 
-Nothing is drawn unless the file is byte for byte the one ingest read and pypdf extracts
-the cited text at the cited offsets again: a changed source gets ``SourceChanged``, never a
-highlight over other text.
+Nothing is drawn unless pypdf, the same version, extracts the cited text at the cited offsets
+again (the test ``fetch_chunk``'s verdict makes): a changed source gets ``SourceChanged``,
+never a highlight over other text.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ OUTLINE = (176, 72, 0)        # and its outline, 2 px, so it shows on any backgr
 
 _NOT_PDF = "this chunk is not from a PDF: it has no page image"
 _NOT_CITED = "that page is not part of this citation"
-_CHANGED = "the source file changed since it was ingested: its pages are not shown"
+_CHANGED = ("the source file changed since it was ingested and the cited text is no longer at "
+            "its place: its pages are not shown")
 _EXTRACTED_DIFFERENTLY = ("the source is no longer extracted the way it was when cited: "
                           "its pages are not shown")
 
@@ -348,9 +349,9 @@ def chunk_page_image(collection, chunk_id: str, page: int, hidden_documents=()) 
     if len(data) > MAX_SOURCE_BYTES:
         raise PageImageTooLarge(f"the source file is larger than "
                                 f"{MAX_SOURCE_BYTES // (1024 * 1024)} MiB")
+    # The file may have changed elsewhere: what counts, as for fetch_chunk's verdict, is
+    # whether the cited text is still at its offsets (checked below on a cache miss).
     digest = hashlib.sha256(data).hexdigest()
-    if digest != file_hash:
-        raise SourceChanged(_CHANGED)
     key = (str(collection.path), digest, chunk_id, page, PAGE_WIDTH_PX)
     cached = CACHE.get(key)
     if cached is not None:
@@ -362,7 +363,7 @@ def chunk_page_image(collection, chunk_id: str, page: int, hidden_documents=()) 
     if (extracted.extractor, extracted.extractor_version) != (extractor, extractor_version):
         raise SourceChanged(_EXTRACTED_DIFFERENTLY)
     if extracted.text[start:end] != content:
-        raise SourceChanged(_EXTRACTED_DIFFERENTLY)
+        raise SourceChanged(_CHANGED if digest != file_hash else _EXTRACTED_DIFFERENTLY)
     if len(extracted.page_starts) > MAX_PAGES:
         raise PageImageTooLarge(f"the document has more than {MAX_PAGES} pages")
     page_begin, text = page_texts(extracted.text, extracted.page_starts)[page - 1]
