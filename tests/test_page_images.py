@@ -361,3 +361,12 @@ def test_the_cache_is_bounded_by_bytes_and_entries():
     assert cache.size <= 100 and cache.get("e") is not None
     cache.put("huge", image(101))  # larger than the whole cache: not kept
     assert cache.get("huge") is None
+
+
+async def test_pdf_hits_are_told_apart_by_their_pages(pdf_corpus):
+    """A PDF has no headings: its hits are titled by page, not all by the file's name."""
+    corpus, index_dir, _pdf = pdf_corpus
+    ds = make_ds(index_dir, corpus)
+    r = await ds.client.get("/plant/-/groundkit/search?q=output+rose+twelve+percent&top_k=2")
+    titles = re.findall(r'<h3[^>]*>.*?<a [^>]*>([^<]+)</a>', r.text, re.S)
+    assert sorted(titles) == ["report.pdf, page 1", "report.pdf, page 2"], titles

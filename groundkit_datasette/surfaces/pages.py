@@ -346,8 +346,10 @@ async def _search_context(datasette, request, ctx, response, arguments, status=N
         document = hit.title or hit.source
         hits.append({
             "hit": hit,
-            # Titled by the section: one document's hits differ by their headings.
-            "title": hit.heading or document,
+            # Titled by the section: one document's hits differ by their headings (a PDF's,
+            # which has none, by their pages).
+            "title": hit.heading or (f"{document}, {span_label('page', hit.page_start, hit.page_end)}"
+                                     if hit.page_start is not None else document),
             "document": document,
             "url": _chunk_url(datasette, collection, hit.chunk_id),
             "document_url": _document_url(datasette, collection, hit.document_id, hit.chunk_id),
