@@ -352,7 +352,7 @@ def chunk_page_image(collection, chunk_id: str, page: int, hidden_documents=()) 
     # The file may have changed elsewhere: what counts, as for fetch_chunk's verdict, is
     # whether the cited text is still at its offsets (checked below on a cache miss).
     digest = hashlib.sha256(data).hexdigest()
-    key = (str(collection.path), digest, chunk_id, page, PAGE_WIDTH_PX)
+    key = (str(collection.path), collection.generation, digest, chunk_id, page, PAGE_WIDTH_PX)
     cached = CACHE.get(key)
     if cached is not None:
         return cached
