@@ -136,3 +136,71 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
         acc[ids] += weights if n == 1 else weights * np.float32(n)
     hit = np.flatnonzero(acc)
     return hit.astype(np.int64), acc[hit]
+
+
+# -- which query words a chunk holds (matched_terms, lexical_match) -------------------
+
+
+def query_words(query: str) -> list[tuple[str, str]]:
+    """``(word, term)`` for each indexed token of ``query``, in query order: the terms
+    :func:`tokenize` gives, each beside the lower-cased word it came from (a CJK run gives
+    its bigrams, each its own word). Stop words have no term and are left out."""
+    from ..collection.terms import _CJK_CHAR, _TOKEN, _stemmer, cjk_bigrams
+
+    out = []
+    for token in _TOKEN.findall(query.lower()):
+        if _CJK_CHAR.match(token):
+            out += [(b, b) for b in cjk_bigrams(token)]
+        elif token not in STOP_WORDS:
+            out.append((token, _stemmer.stemWord(token)))
+    return out
+
+
+def _postings_of(conn: sqlite3.Connection, terms: list[str], cache: dict | None) -> dict:
+    """``{term: (row ids, weights) or None}``, through the open collection's postings cache."""
+    if cache is None:
+        return _fetch(conn, terms)
+    missing = [t for t in terms if t not in cache]
+    if missing:
+        found = _fetch(conn, missing)
+        if len(cache) > POSTINGS_CACHE_TERMS:  # the same bound as score()'s
+            kept = {t: cache[t] for t in terms if t in cache}
+            cache.clear()
+            cache.update(kept)
+        cache.update(found)
+    return {t: cache[t] for t in terms}
+
+
+def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | None = None):
+    """For each chunk row id, the words of ``query`` (lower-cased, as typed, each once, in
+    query order) whose term the chunk's indexed text holds: what BM25 matched there, for a
+    hit of any mode. Postings list row ids in ascending order (``rebuild_postings``)."""
+    words = query_words(query)
+    rows = np.asarray(list(row_ids), dtype=np.int64)
+    if not words or not rows.size:
+        return [[] for _ in range(rows.size)]
+    postings = _postings_of(conn, sorted({t for _, t in words}), cache)
+    holds = {}
+    for term, found in postings.items():
+        if found is None or not found[0].size:
+            holds[term] = np.zeros(rows.size, dtype=bool)
+            continue
+        ids = found[0]
+        at = np.minimum(np.searchsorted(ids, rows), ids.size - 1)
+        holds[term] = ids[at] == rows
+    out = []
+    for i in range(rows.size):
+        seen: list[str] = []
+        for word, term in words:
+            if holds[term][i] and word not in seen:
+                seen.append(word)
+        out.append(seen)
+    return out
+
+
+def term_rows(conn: sqlite3.Connection, query: str, cache: dict | None = None) -> list[np.ndarray]:
+    """The chunk row ids holding each of ``query``'s terms (empty list: no term is indexed)."""
+    terms = sorted({t for _, t in query_words(query)})
+    if not terms:
+        return []
+    return [found[0] for found in _postings_of(conn, terms, cache).values() if found is not None]
