@@ -5,6 +5,7 @@ when access lists hide chunks.
 
 import sqlite3
 from collections import Counter
+from functools import lru_cache
 
 import numpy as np
 
@@ -141,7 +142,8 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
 # -- which query words a chunk holds (matched_terms, lexical_match) -------------------
 
 
-def query_words(query: str) -> list[tuple[str, str]]:
+@lru_cache(maxsize=256)  # a search asks twice (matched_terms, term_rows); pages repeat queries
+def query_words(query: str) -> tuple[tuple[str, str], ...]:
     """``(word, term)`` for each indexed token of ``query``, in query order: the terms
     :func:`tokenize` gives, each beside the lower-cased word it came from (a CJK run gives
     its bigrams, each its own word). Stop words have no term and are left out."""
@@ -153,7 +155,7 @@ def query_words(query: str) -> list[tuple[str, str]]:
             out += [(b, b) for b in cjk_bigrams(token)]
         elif token not in STOP_WORDS:
             out.append((token, _stemmer.stemWord(token)))
-    return out
+    return tuple(out)
 
 
 def _postings_of(conn: sqlite3.Connection, terms: list[str], cache: dict | None) -> dict:
@@ -173,29 +175,29 @@ def _postings_of(conn: sqlite3.Connection, terms: list[str], cache: dict | None)
 
 def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | None = None):
     """For each chunk row id, the words of ``query`` (lower-cased, as typed, each once, in
-    query order) whose term the chunk's indexed text holds: what BM25 matched there, for a
-    hit of any mode. Postings list row ids in ascending order (``rebuild_postings``)."""
+    query order) whose term the chunk's indexed text holds: what BM25 matches there, for a
+    hit of any mode.
+
+    One lookup for all terms at once: each term's postings (row ids ascending, as
+    ``rebuild_postings`` writes them) keyed by ``term index << 32 | row id`` are in ascending
+    order together, so a single ``searchsorted`` answers every (term, hit) pair."""
     words = query_words(query)
     rows = np.asarray(list(row_ids), dtype=np.int64)
     if not words or not rows.size:
         return [[] for _ in range(rows.size)]
     postings = _postings_of(conn, sorted({t for _, t in words}), cache)
-    holds = {}
-    for term, found in postings.items():
-        if found is None or not found[0].size:
-            holds[term] = np.zeros(rows.size, dtype=bool)
-            continue
-        ids = found[0]
-        at = np.minimum(np.searchsorted(ids, rows), ids.size - 1)
-        holds[term] = ids[at] == rows
-    out = []
-    for i in range(rows.size):
-        seen: list[str] = []
-        for word, term in words:
-            if holds[term][i] and word not in seen:
-                seen.append(word)
-        out.append(seen)
-    return out
+    terms = [t for t, found in postings.items() if found is not None and found[0].size]
+    if not terms:
+        return [[] for _ in range(rows.size)]
+    arrays = [postings[t][0] for t in terms]
+    sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    keys = np.concatenate(arrays).astype(np.int64)
+    keys += np.repeat(np.arange(len(terms), dtype=np.int64) << 32, sizes)
+    wanted = ((np.arange(len(terms), dtype=np.int64) << 32)[:, None] + rows[None, :]).ravel()
+    at = np.minimum(keys.searchsorted(wanted), keys.size - 1)
+    holds = dict(zip(terms, (keys[at] == wanted).reshape(len(terms), rows.size).tolist()))
+    pairs = [(w, holds[t]) for w, t in dict(words).items() if t in holds]
+    return [[w for w, held in pairs if held[i]] for i in range(rows.size)]
 
 
 def term_rows(conn: sqlite3.Connection, query: str, cache: dict | None = None) -> list[np.ndarray]:

@@ -102,7 +102,7 @@ def _hits(collection, ranked, components, first_rank: int = 1):
         for r in collection.query(
             f"""SELECT c.chunk_id, c.document_id, d.source, d.title, c.start_offset, c.end_offset,
                        c.line_start, c.line_end, c.page_start, c.page_end, c.heading, c.content,
-                       {stat}
+                       {stat}, c.id
                 FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id IN ({marks})""",
             ids,
         )
@@ -124,6 +124,7 @@ def _hits(collection, ranked, components, first_rank: int = 1):
                 page_start=r[8], page_end=r[9], heading=r[10], content=r[11],
                 components=components.get(cid, {}),
                 source_changed=changed[r[1]],
+                _row=r[14],  # the chunk's row id, for matched_terms (not a Hit field)
             )
         )
     return hits
@@ -307,13 +308,8 @@ def _add_matches(collection, query: str, hits: list[dict], allowed) -> bool:
     from . import bm25
 
     if hits:
-        marks = ",".join("?" * len(hits))
-        row_of = dict(collection.query(
-            f"SELECT chunk_id, id FROM chunks WHERE chunk_id IN ({marks})",
-            [h["chunk_id"] for h in hits]))
         with collection._lock:
-            matched = bm25.matched_terms(collection._conn, query,
-                                         [row_of[h["chunk_id"]] for h in hits],
+            matched = bm25.matched_terms(collection._conn, query, [h.pop("_row") for h in hits],
                                          collection.postings_cache)
         for hit, words in zip(hits, matched):
             hit["matched_terms"] = words
