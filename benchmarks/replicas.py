@@ -36,7 +36,7 @@ CLIENTS = 32
 
 def wrk(url: str, seconds: int) -> tuple[float, int]:
     """(requests per second, responses that were not 2xx/3xx or failed)."""
-    out = subprocess.run(["wrk", "-t", "2", "-c", str(CLIENTS), "-d", f"{seconds}s", "--latency",
+    out = subprocess.run(["wrk", "-t", "2", "-c", str(CLIENTS), "-d", f"{seconds}s", "--timeout", "30s",
                           "-H", f"Authorization: Bearer {TOKEN}", url],
                          capture_output=True, text=True, check=True).stdout
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
