@@ -45,15 +45,20 @@ def disk_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
 
-def worker_ingest(work: Path, size: int) -> dict:
+def worker_ingest(work: Path, size: int, embedder: str) -> dict:
+    import shutil
+
     from benchmarks import _synthetic
 
-    index, name, report, seconds = _synthetic.build_collection(work, size, rebuild=True)
+    # A first ingest each time; the synthetic sources are reused (they are deterministic).
+    for p in (work / "index").glob(f"syn{size}-{embedder}.*"):
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    index, name, report, seconds = _synthetic.build_collection(work, size, embedder=embedder)
     return {"name": name, "index": str(index), "seconds": seconds, "chunks": report.chunks_written,
             "peak_rss_mb": c.peak_rss_mb()}
 
 
-def worker_query(index: str, name: str, queries: int) -> dict:
+def worker_query(index: str, name: str, queries: int, modes: list[str]) -> dict:
     from benchmarks import _synthetic
 
     _synthetic.register()
@@ -66,7 +71,7 @@ def worker_query(index: str, name: str, queries: int) -> dict:
     weights = [1.0 / (r + 1) for r in range(len(vocab))]
     texts = [" ".join(rng.choices(vocab, weights, k=3)) for _ in range(queries)]
     out = {}
-    for mode in ("bm25", "dense"):
+    for mode in modes:
         col.search(query=texts[0], mode=mode, top_k=10)  # first query: opens the index
         passes = c.timed_passes(lambda q: col.search(query=q, mode=mode, top_k=10), texts, 3)
         out[f"{mode}_p50_ms"], out[f"{mode}_p95_ms"] = c.latency_stats(passes)
@@ -104,21 +109,25 @@ def main() -> None:
     if "--worker" in sys.argv:
         args = sys.argv[sys.argv.index("--worker") + 1:]
         if args[0] == "ingest":
-            print(json.dumps(worker_ingest(Path(args[1]), int(args[2]))))
+            embedder = args[3] if len(args) > 3 else "synthetic"
+            print(json.dumps(worker_ingest(Path(args[1]), int(args[2]), embedder)))
         else:
-            print(json.dumps(worker_query(args[1], args[2], int(args[3]))))
+            modes = args[4].split(",") if len(args) > 4 else ["bm25", "dense"]
+            print(json.dumps(worker_query(args[1], args[2], int(args[3]), modes)))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--work", default="/var/tmp/gk-scale/million")
     parser.add_argument("--queries", type=int, default=50)
+    parser.add_argument("--embedder", default="synthetic",
+                        help="'none' for BM25 only (no vectors, no dense figures)")
     opts = parser.parse_args()
     print(c.machine())
     work = Path(opts.work)
     work.mkdir(parents=True, exist_ok=True)
     results = {}
     for size in (int(s) for s in opts.sizes.split(",")):
-        ing = c.run_worker(HERE, ["ingest", str(work), str(size)], timeout=6 * 3600)
+        ing = c.run_worker(HERE, ["ingest", str(work), str(size), opts.embedder], timeout=6 * 3600)
         index = Path(ing["index"])
         row = {
             "chunks": ing["chunks"],
@@ -126,15 +135,20 @@ def main() -> None:
             "ingest_chunks_per_s": ing["chunks"] / ing["seconds"],
             "ingest_peak_rss_mb": ing["peak_rss_mb"],
             "sqlite_mb": disk_mb(index / f"{ing['name']}.sqlite3"),
-            "lance_mb": disk_mb(index / f"{ing['name']}.lance"),
+            "lance_mb": disk_mb(index / f"{ing['name']}.lance") if opts.embedder != "none" else 0.0,
             "cold_open_s": cold_open(str(index), ing["name"]),
         }
-        q = c.run_worker(HERE, ["query", str(index), ing["name"], str(opts.queries)], timeout=3600)
-        row.update(bm25_p50_ms=q["bm25_p50_ms"], bm25_p95_ms=q["bm25_p95_ms"], dense_p50_ms=q["dense_p50_ms"],
-                   dense_p95_ms=q["dense_p95_ms"], query_peak_rss_mb=q["peak_rss_mb"])
+        modes = ["bm25"] if opts.embedder == "none" else ["bm25", "dense"]
+        q = c.run_worker(HERE, ["query", str(index), ing["name"], str(opts.queries), ",".join(modes)],
+                         timeout=3600)
+        row.update({k: v for k, v in q.items() if k != "peak_rss_mb"}, query_peak_rss_mb=q["peak_rss_mb"])
         results[size] = row
         print(json.dumps({size: row}), flush=True)
-    sizes = sorted(results)
+    table_of(results)
+
+
+def table_of(results: dict) -> None:
+    sizes = sorted(results, key=int)
     keys = list(results[sizes[0]])
     headers = ["figure"] + [f"{s:,} chunks" for s in sizes]
     if len(sizes) == 2:
