@@ -28,7 +28,7 @@ from groundkit_datasette.collection.vectors import open_table
 
 PLUGINS = Path(__file__).parent / "plugins"
 sys.path.insert(0, str(PLUGINS))
-import cluster_poison  # noqa: E402  (registers the poison embedder here, as the preload does there)
+import cluster_poison  # noqa: E402  (the worker-killer embedder; the workers preload it)
 
 ROOT = Path(__file__).resolve().parent.parent
 WORDS = ("river stone harbour lantern orchard copper meadow signal valley thunder archive "
@@ -101,11 +101,13 @@ class LocalCluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
+    cluster_poison.register()  # here too: the writer binds the embedder by name
     c = LocalCluster(tmp_path_factory.mktemp("dask"))
     try:
         yield c
     finally:
         c.close()
+        cluster_poison.unregister()
 
 
 @pytest.fixture
@@ -177,7 +179,7 @@ def test_unchanged_files_are_not_sent_and_a_reingest_matches_local(cluster, tmp_
     is again the file a local re-ingest writes."""
     corpus = write_corpus(tmp_path / "corpus", files=10)
     for where in ("local", "remote"):
-        Indexer("docs", index_dir=tmp_path / where, embedder="poison").ingest([corpus])
+        Indexer("docs", index_dir=tmp_path / where, embedder=cluster_poison.NAME).ingest([corpus])
     (corpus / "doc004.md").write_text("# Changed\n\nA new text about lanterns and harbours.\n")
     local = Indexer("docs", index_dir=tmp_path / "local").ingest([corpus])
     with ClusterMap(cluster.address) as stage:
@@ -195,7 +197,7 @@ def test_a_batch_that_keeps_killing_workers_costs_only_its_documents(cluster, tm
     (corpus / "doc002.md").write_text(f"# Bad\n\nThis text is {cluster_poison.MARK} to the model.\n"
                                       + "filler words " * 100)
     with ClusterMap(cluster.address, batch_chunks=1) as stage:
-        report = Indexer("docs", index_dir=tmp_path / "index", embedder="poison",
+        report = Indexer("docs", index_dir=tmp_path / "index", embedder=cluster_poison.NAME,
                          map_stage=stage).ingest([corpus])
         assert stage.batches_failed == 1
     assert report.published
@@ -212,7 +214,7 @@ def test_nothing_is_published_when_the_coordinator_dies(cluster, tmp_path):
     the live collection is byte-identical afterwards, and the next run cleans up and publishes."""
     corpus = write_corpus(tmp_path / "corpus", files=10)
     index = tmp_path / "index"
-    Indexer("docs", index_dir=index, embedder="poison").ingest([corpus])
+    Indexer("docs", index_dir=index, embedder=cluster_poison.NAME).ingest([corpus])
     before = (index / "docs.sqlite3").read_bytes()
     for n in range(10):
         (corpus / f"doc{n:03d}.md").write_text(f"# Rewritten {n}\n\nOrchard and glacier text {n}.\n")
@@ -220,6 +222,7 @@ def test_nothing_is_published_when_the_coordinator_dies(cluster, tmp_path):
         import sys, time
         sys.path.insert(0, {str(PLUGINS)!r})
         import cluster_poison
+        cluster_poison.register()
         from groundkit_datasette.collection.cluster import ClusterMap
         from groundkit_datasette.collection.ingest import Indexer
 
