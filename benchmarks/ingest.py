@@ -24,7 +24,6 @@ sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse
 import importlib.util
-import random
 import shutil
 import statistics
 import tempfile
