@@ -129,9 +129,15 @@ class VectorSearch:
         if not n:
             return []
         k = min(depth, n)
-        top = np.argpartition(-scores, k - 1)[:k] if k < n else np.arange(n)
+        if k < n:
+            # Every row tied with the k-th too, so that which of equal rows make the cut does not
+            # depend on k: a shallower search is always a prefix of a deeper one (paging).
+            kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+            top = np.flatnonzero(scores >= kth)
+        else:
+            top = np.arange(n)
         # Best first; equal scores in table order, so the answer is the same every time.
-        top = top[np.lexsort((top, -scores[top]))]
+        top = top[np.lexsort((top, -scores[top]))][:k]
         positions = rows[top] if rows is not None else top
         return list(zip(self._ids[positions].tolist(), scores[top].astype(float).tolist()))
 
