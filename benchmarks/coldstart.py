@@ -10,7 +10,15 @@ and answering. Collections are the synthetic ones of ``dense.py`` (a
 registered synthetic embedder embeds queries, so the model load is reported
 separately: the default MiniLM's first ``embed_query`` in a fresh process).
 
+The target (issue 14) is stated with the REAL default embedder: for each
+collection a copy of its SQLite file whose manifest names the default MiniLM
+(the LanceDB directory is linked, not copied) is also opened, so the child
+loads the int8 ONNX model and embeds the query text exactly as a user's first
+``groundkit search`` would; the vectors' values do not change what opening and
+searching them costs. bm25 and hybrid on these copies are judged against 0.5 s.
+
     python benchmarks/coldstart.py --sizes 10000,50000,200000 [--repeats 5]
+    python benchmarks/coldstart.py --sizes '' --collection /var/tmp/gk-debian-syn/debian-docs.sqlite3
 """
 
 from __future__ import annotations
@@ -41,15 +49,18 @@ _CHILD_OURS = """
 import sys, time, json
 t0 = time.perf_counter()
 sys.path.insert(0, {root!r})
-from benchmarks import _synthetic
-_synthetic.register()
+if {synthetic!r}:
+    from benchmarks import _synthetic
+    _synthetic.register()
 from groundkit_datasette.retrieval.collection import Collection
 t1 = time.perf_counter()
 col = Collection.open({name!r}, index_dir={index!r})
 t2 = time.perf_counter()
 r = col.search(query={query!r}, mode={mode!r}, top_k=10)
 t3 = time.perf_counter()
-print(json.dumps({{"hits": len(r.hits), "import_s": t1 - t0, "open_s": t2 - t1, "query_s": t3 - t2}}), flush=True)
+out = {{"hits": len(r.hits), "import_s": t1 - t0, "open_s": t2 - t1, "query_s": t3 - t2}}
+out.update({{k: v / 1000 for k, v in r.timings_ms.items() if k != "total_ms"}})
+print(json.dumps(out), flush=True)
 """
 
 _CHILD_BM25S = """
@@ -110,7 +121,39 @@ def spawn(code: str) -> dict:
 
 def median_runs(code: str, repeats: int) -> dict:
     runs = [spawn(code) for _ in range(repeats + 1)][1:]  # the first run warms the page cache
-    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in runs[0]}
+
+
+def real_model_copy(index: Path, name: str, work: Path) -> tuple[Path, str]:
+    """A copy of the collection's SQLite file whose manifest names the default MiniLM, beside
+    a link to the same LanceDB directory: a fresh process then loads the real model."""
+    import shutil
+    import sqlite3
+
+    from groundkit_datasette.embedding.embedders import MiniLMEmbedder
+    from groundkit_datasette.plugins import DEFAULT_EMBEDDER
+
+    out_dir = work / "real-model"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    new = f"{name}-minilm"
+    target = out_dir / f"{new}.sqlite3"
+    source = index / f"{name}.sqlite3"
+    if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
+        tmp = out_dir / f".{new}.tmp"
+        shutil.copyfile(source, tmp)
+        conn = sqlite3.connect(tmp)
+        for key, value in (("embedder", DEFAULT_EMBEDDER), ("embedding_provider", MiniLMEmbedder.provider),
+                           ("embedding_model", MiniLMEmbedder.model_name),
+                           ("embedding_dimensions", str(MiniLMEmbedder.dimensions))):
+            conn.execute("UPDATE groundkit_manifest SET value = ? WHERE key = ?", (value, key))
+        conn.commit()
+        conn.close()
+        tmp.replace(target)
+    link = out_dir / f"{new}.lance"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to((index / f"{name}.lance").resolve(), target_is_directory=True)
+    return out_dir, new
 
 
 def prepare_baselines(index: Path, name: str, work: Path):
@@ -167,27 +210,35 @@ def main(argv=None):
             "bm25": median_runs(_CHILD_BM25S.format(path=str(bm25s_dir), query=QUERY), args.repeats),
             "dense": median_runs(_CHILD_NUMPY.format(path=str(npy)), args.repeats),
         }
-        for mode in ("bm25", "dense", "hybrid"):
+        real_index, real_name = real_model_copy(index, name, work)
+        runs = [(index, name, mode, True) for mode in ("bm25", "dense", "hybrid")]
+        runs += [(real_index, real_name, mode, False) for mode in ("bm25", "hybrid")]
+        for run_index, run_name, mode, synthetic in runs:
             b = base.get(mode)
+            label = f"{name} ({size:,})" + ("" if synthetic else ", real MiniLM")
             try:
                 ours = median_runs(
-                    _CHILD_OURS.format(root=str(HERE.parent), name=name, index=str(index), query=QUERY, mode=mode),
+                    _CHILD_OURS.format(root=str(HERE.parent), name=run_name, index=str(run_index), query=QUERY,
+                                       mode=mode, synthetic=synthetic),
                     args.repeats,
                 )
             except RuntimeError as exc:
                 last = str(exc).strip().splitlines()[-1][:120]
-                rows.append([f"{name} ({size:,})", mode, None, None, None, None, b["wall_s"] if b else None,
-                             "-", f"failed: {last}"])
+                rows.append([label, mode, None, None, None, None, None, None, None,
+                             b["wall_s"] if b else None, "-", f"failed: {last}"])
                 continue
-            rows.append([f"{name} ({size:,})", mode, ours["wall_s"], ours["import_s"], ours["open_s"], ours["query_s"],
+            judged = not synthetic or mode == "bm25"
+            rows.append([label, mode, ours["wall_s"], ours["import_s"], ours["open_s"], ours["query_s"],
+                         ours.get("embed_ms", 0.0), ours.get("bm25_ms", 0.0), ours.get("dense_ms", 0.0),
                          b["wall_s"] if b else None, c.ratio(ours["wall_s"], b["wall_s"]) if b else "-",
-                         ("met" if ours["wall_s"] <= 0.5 else "MISSED") if mode == "bm25" else "-"])
+                         ("met" if ours["wall_s"] < 0.5 else "MISSED") if judged else "-"])
         print(f"built/reused {name}", flush=True)
     print(f"python start floor (python -c print): {floor['wall_s']:.3f} s")
     print(c.table(["collection (chunks)", "mode", "ours wall s", "import s", "open s", "1st query s",
-                   "baseline wall s", "ours/baseline", "bm25 <= 0.5 s"], rows))
+                   "embed s", "bm25 s", "dense s", "baseline wall s", "ours/baseline", "< 0.5 s"], rows))
     print("baselines: bm25 -> bm25s (BM25.load mmap=True + retrieve); dense -> numpy (np.load mmap + matmul); "
-          "hybrid has none")
+          "hybrid has none. embed/bm25/dense: the first query's own timings (dense includes waiting for the "
+          "vectors the background prefetch reads). Judged: bm25, and hybrid with the real MiniLM.")
     print(f"default MiniLM in a fresh process: import {minilm['import_s']:.3f} s, model load {minilm['open_s']:.3f} s, "
           f"first embed_query {minilm['query_s']:.3f} s (wall {minilm['wall_s']:.3f} s): add to dense/hybrid "
           "when the query is text")

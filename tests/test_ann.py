@@ -46,7 +46,10 @@ def clustered():
     gk_plugins.pm.unregister(name="clustered-test")
 
 
-def test_ann_index_is_used_past_the_threshold_with_recall_over_095(tmp_path, clustered):
+def test_ann_index_is_used_past_the_threshold_with_recall_over_095(tmp_path, clustered, monkeypatch):
+    from groundkit_datasette.collection import vectors
+
+    monkeypatch.setattr(vectors, "EXACT_MAX_ROWS", 1000)  # search through the index, not numpy
     corpus = tmp_path / "c"
     corpus.mkdir()
     for f in range(30):

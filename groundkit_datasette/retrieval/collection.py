@@ -16,7 +16,6 @@ from pathlib import Path
 
 from ..collection import schema
 from ..collection.schema import FileIdentity  # noqa: F401  (part of the reading API)
-from .citations import verify_citation
 from ..errors import ChunkNotFound, CollectionNotFound, IndexInconsistent, NotACollection
 from .models import (
     ChunkCitation,
@@ -28,7 +27,6 @@ from .models import (
     SearchResponse,
 )
 from ..collection.names import LANCE_SUFFIX, NAME_PATTERN, SQLITE_SUFFIX, sqlite_path, validate_name
-from ..collection.vectors import open_table
 
 
 class Collection:
@@ -58,6 +56,10 @@ class Collection:
         self._has_stat = schema.has_stat_columns(self._conn)
         self._vectors = None
         self._vectors_loaded = False
+        # Not ``_lock``: opening LanceDB takes long and must not hold up BM25 on this object.
+        self._vector_lock = threading.Lock()
+        self._vector_search = None
+        self._prefetch = None
         self._vector_total = None
         self.postings_cache: dict = {}
         self._tie_ranks = None
@@ -155,8 +157,10 @@ class Collection:
     def vectors(self):
         """The LanceDB table at the published version, or None for a BM25-only collection."""
         if not self._vectors_loaded:
-            with self._lock:
+            with self._vector_lock:
                 if not self._vectors_loaded:
+                    from ..collection.vectors import open_table
+
                     version = self.manifest.get("lance_version")
                     table = None
                     if self.embedding is not None and version is not None:
@@ -174,6 +178,49 @@ class Collection:
                     self._vectors = table
                     self._vectors_loaded = True
         return self._vectors
+
+    def vector_search(self):
+        """The query side of the vectors (collection/vectors.py ``VectorSearch``), opened
+        once; None for a BM25-only collection."""
+        if self._vector_search is None:
+            table = self.vectors()
+            if table is None:
+                return None
+            with self._vector_lock:
+                if self._vector_search is None:
+                    from ..collection.vectors import VectorSearch
+
+                    self._vector_search = VectorSearch(table, ann=bool(self.manifest.get("ann_index")))
+        return self._vector_search
+
+    def prefetch(self, *, embedder: bool = True) -> None:
+        """Start reading what dense search needs in a background thread: LanceDB, the table
+        at this version, the vectors for exact search or the ANN index, and (``embedder``)
+        the query embedder's model. Returns at once; a search that needs them waits for
+        what is not ready yet. Called by the first dense or hybrid query, so a fresh
+        process loads the vectors while it embeds the query and ranks BM25; servers may
+        call it at open. Failures are left for the search itself to report."""
+        if self.embedding is None or self._prefetch is not None:
+            return
+        with self._vector_lock:
+            if self._prefetch is not None:
+                return
+            self._prefetch = threading.Thread(target=self._prefetch_run, args=(embedder,),
+                                              name=f"groundkit-prefetch-{self.name}", daemon=True)
+        self._prefetch.start()
+
+    def _prefetch_run(self, embedder: bool) -> None:
+        try:
+            if embedder:
+                from .rankers import query_embedder
+
+                model = query_embedder(self, probe=False)
+                threading.Thread(target=getattr(model, "load", lambda: None), daemon=True).start()
+            search = self.vector_search()
+            if search is not None:
+                search.load()
+        except Exception:  # an optimisation only: the search reports the real error
+            pass
 
     # -- operations -----------------------------------------------------------
 
@@ -205,6 +252,8 @@ class Collection:
             start_offset=r[5], end_offset=r[6], line_start=r[7], line_end=r[8], page_start=r[9],
             page_end=r[10], heading=r[11], content=r[12], content_hash=r[13],
         )
+        from .citations import verify_citation  # here: BM25 and dense searches never need it
+
         verification = verify_citation(
             source=r[3], source_class=r[14], extractor=r[15], extractor_version=r[16],
             start=r[5], end=r[6], content=r[12], base_dir=self.base_dir, encoding=r[17],

@@ -10,7 +10,6 @@ import threading
 import numpy as np
 
 from . import bm25
-from ..collection.vectors import ANN_EF, ANN_REFINE
 from ..errors import DenseUnavailable, EmbedderError, EmbedderMismatch, InvalidRequest
 
 _embedders: dict[str, object] = {}
@@ -161,22 +160,15 @@ def _bm25_ranked_by_hash(collection, query, depth, allowed):
 
 
 def dense_ranked(collection, vector, depth, allowed):
-    table = collection.vectors()
-    if table is None:
+    """Top ``depth`` by cosine similarity among the allowed chunks (a prefilter, never a
+    cut after ranking): exact in numpy for small tables, LanceDB's ANN index above
+    (collection/vectors.py ``VectorSearch``)."""
+    search = collection.vector_search()
+    if search is None:
         raise DenseUnavailable("the collection has no vectors; use mode bm25")
-    q = table.search(np.asarray(vector, dtype=np.float32), vector_column_name="vector")
-    q = q.distance_type("cosine").limit(depth).select(["chunk_id", "_distance"])
-    if collection.manifest.get("ann_index"):
-        # LanceDB needs ef >= the candidates it refines (depth x refine factor).
-        q = q.ef(max(ANN_EF, depth * ANN_REFINE)).refine_factor(ANN_REFINE)
-    where = allowed.lance_where() if allowed is not None else None
-    if where == "false":
-        return []
-    if where is not None:
-        # A prefilter: the nearest neighbours are searched among allowed rows only.
-        q = q.where(where, prefilter=True)
-    result = q.to_arrow().to_pydict()
-    return [(cid, 1.0 - float(dist)) for cid, dist in zip(result["chunk_id"], result["_distance"])]
+    if allowed is None:
+        return search.search(vector, depth)
+    return search.search(vector, depth, allowed.documents, exclude=allowed.exclude)
 
 
 def dense_complete(collection, ranked, depth, allowed) -> bool:
@@ -207,4 +199,6 @@ def query_vector(collection, request):
         if norm == 0.0:
             raise InvalidRequest("vector must not be all zeros")
         return vec / norm
+    # A fresh process reads the vectors in the background while the model embeds the query.
+    collection.prefetch(embedder=False)
     return query_embedder(collection).embed_query(request.query)
