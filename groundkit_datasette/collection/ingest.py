@@ -493,6 +493,7 @@ class Indexer:
                 self._created_lance = lance_dir
             vectors = VectorWriter(lance_dir, embedder.dimensions,
                                    manifest.get("lance_version"),
+                                   trained_rows=int(manifest.get("ann_trained_rows") or 0) or None,
                                    **({"ann_threshold": self.ann_threshold}
                                       if self.ann_threshold is not None else {}))
         existing = {
@@ -846,11 +847,13 @@ class Indexer:
         self._keep_postings(conn)
         if vectors is not None:
             version = vectors.commit()
+            self.ann_action = vectors.index_action
             self._restrict_tree(lance_path(self.index_dir, self.name))
             conn.executemany(
                 "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                [("lance_version", str(version)), ("ann_index", vectors.ann_index or "")],
+                [("lance_version", str(version)), ("ann_index", vectors.ann_index or ""),
+                 ("ann_trained_rows", str(vectors.trained_rows or ""))],
             )
         conn.execute("COMMIT")
         # Immutable readers ignore WAL content: leave a plain rollback-journal file.

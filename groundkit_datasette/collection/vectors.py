@@ -20,8 +20,17 @@ ANN_INDEX = "IVF_HNSW_SQ"
 # Query-time settings measured to give recall@10 >= 0.95 (benchmarks/dense.py).
 ANN_EF = 150
 ANN_REFINE = 2
-# Rebuild the index when this share of rows is not covered by it (they are scanned exactly).
-ANN_STALE_FRACTION = 0.2
+# Index upkeep (adr/0025-ingest-postings-upkeep.md). Rows the index does not cover are
+# scanned exactly by every query; up to this many (or this share of the table) stay so.
+ANN_UNINDEXED_ROWS = 2000
+ANN_UNINDEXED_FRACTION = 0.01
+# Past that, the new rows are added to the trained index (``optimize``: partitions are
+# kept, nothing is retrained) until the table holds this many times the rows it was
+# trained on; then the index is trained again from every row.
+ANN_RETRAIN_GROWTH = 1.5
+# ``optimize`` never prunes versions: readers hold the published one, and a dead run is
+# rolled back to it (adr/0002).
+_KEEP_VERSIONS_DAYS = 365 * 100
 
 
 def _schema(dimensions: int) -> pa.Schema:
@@ -54,12 +63,16 @@ class VectorWriter:
     """Buffers one ingest run's vector changes and applies them at commit."""
 
     def __init__(self, lance_dir: Path, dimensions: int, published_version: str | None,
-                 ann_threshold: int = ANN_THRESHOLD):
+                 ann_threshold: int = ANN_THRESHOLD, trained_rows: int | None = None):
         import lancedb
 
         self.dimensions = dimensions
         self.ann_threshold = ann_threshold
         self.ann_index: str | None = None
+        # Rows the published index was trained on (the manifest's ``ann_trained_rows``).
+        self.trained_rows = trained_rows
+        # What commit did to the index: "none", "kept", "updated" or "trained".
+        self.index_action = "none"
         self.db = lancedb.connect(str(lance_dir))
         self.table = None
         self.by_document: dict[str, set[str]] = {}
@@ -69,7 +82,9 @@ class VectorWriter:
             if published_version is not None and self.table.version != int(published_version):
                 # A run that died after writing vectors but before publishing: roll back.
                 self.table.restore(int(published_version))
-            current = self.table.to_arrow().select(["chunk_id", "document_id"]).to_pydict()
+            # Only the two id columns: reading the vectors would cost the whole table.
+            current = (self.table.search().select(["chunk_id", "document_id"]).limit(None)
+                       .to_arrow().to_pydict())
             for cid, did in zip(current["chunk_id"], current["document_id"]):
                 self.ids.add(cid)
                 self.by_document.setdefault(did, set()).add(cid)
@@ -124,19 +139,32 @@ class VectorWriter:
         return self.table.version
 
     def _maybe_index(self) -> None:
+        """Keep the ANN index current without retraining it for every run."""
+        from datetime import timedelta
+
         from lancedb.index import IvfHnswSq
 
         rows = self.table.count_rows()
         indices = self.table.list_indices()
         if rows < self.ann_threshold:
             self.ann_index = None
+            self.trained_rows = None
             if indices:
                 self.table.drop_index(indices[0].name)
+                self.index_action = "dropped"
             return
-        if indices:
-            stats = self.table.index_stats(indices[0].name)
-            if stats is not None and stats.num_unindexed_rows <= ANN_STALE_FRACTION * rows:
-                self.ann_index = ANN_INDEX
-                return
-        self.table.create_index("vector", config=IvfHnswSq(distance_type="cosine"), replace=True)
+        stats = self.table.index_stats(indices[0].name) if indices else None
         self.ann_index = ANN_INDEX
+        if self.trained_rows is None and stats is not None:
+            self.trained_rows = stats.num_indexed_rows  # a file from before the record
+        if stats is not None and self.trained_rows and rows < ANN_RETRAIN_GROWTH * self.trained_rows:
+            if stats.num_unindexed_rows <= max(ANN_UNINDEXED_ROWS, ANN_UNINDEXED_FRACTION * rows):
+                self.index_action = "kept"
+                return
+            # New rows go into the trained partitions; compaction comes with it.
+            self.table.optimize(cleanup_older_than=timedelta(days=_KEEP_VERSIONS_DAYS))
+            self.index_action = "updated"
+            return
+        self.table.create_index("vector", config=IvfHnswSq(distance_type="cosine"), replace=True)
+        self.trained_rows = rows
+        self.index_action = "trained"
