@@ -151,6 +151,12 @@ def test_an_incremental_run_updates_only_the_touched_terms_and_equals_a_full_reb
             ours = bm25.score(col._conn, query)
         full = bm25.score(sqlite3.connect(copy), query)
         assert ours[0].tolist() == full[0].tolist() and ours[1].tobytes() == full[1].tobytes()
+    # A second run updates what the first one wrote, still equal to a rebuild.
+    (corpus / "doc011.txt").write_text("aurora " * 30 + "\n")
+    (corpus / "doc012.txt").unlink()
+    indexer, report = _ingest(corpus, tmp_path / "index")
+    assert (report.updated, report.removed, indexer.postings_rebuilt) == (1, 1, False)
+    assert _postings(path) == _rebuilt_copy(path, tmp_path, terms.rebuild_postings, stats=stats)
 
 
 def test_drifted_statistics_rebuild_every_posting_and_equal_a_fresh_ingest(tmp_path):

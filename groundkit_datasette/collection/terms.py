@@ -160,8 +160,9 @@ def idf_of(n, df):
 # (term, chunk) pairs decoded at once while postings are built or updated: the memory
 # of a rebuild is bounded by this, not by the corpus (adr/0025-ingest-postings-upkeep.md).
 PAIRS_PER_PASS = 3_000_000
-# Chunk rows fetched from SQLite at a time.
+# Chunk rows fetched from SQLite at a time; postings weighed at a time.
 _FETCH_ROWS = 4096
+_WEIGH_SLICE = 262_144
 # The statistics the stored weights were computed with (document count, average chunk
 # length) are kept while the collection's own stay within this relative distance of them;
 # past it every weight is recomputed. See adr/0025-ingest-postings-upkeep.md.
@@ -180,27 +181,59 @@ class _Chunks:
     Documents are numbered by first appearance in row order; ``monotone`` says whether each
     document's chunks are adjacent (ingest writes them so; hand edits may not)."""
 
-    def __init__(self, conn: sqlite3.Connection):
-        ids, lengths, docs = array("q"), array("q"), array("q")
-        ordinal: dict[str, int] = {}
-        for cid, length, did in conn.execute(
-            "SELECT t.id, t.length, c.document_id FROM bm25_chunk_terms t "
-            "JOIN chunks c ON c.id = t.id ORDER BY t.id"
-        ):
-            ids.append(cid)
-            lengths.append(length)
-            docs.append(ordinal.setdefault(did, len(ordinal)))
-        self.ids = np.frombuffer(ids, dtype=np.int64) if ids else np.empty(0, np.int64)
-        self.lengths = (np.frombuffer(lengths, dtype=np.int64) if lengths else np.empty(0, np.int64)
-                        ).astype(np.float64)
-        self.docs = np.frombuffer(docs, dtype=np.int64) if docs else np.empty(0, np.int64)
-        self.documents = len(ordinal)
-        self.monotone = bool(np.all(np.diff(self.docs) >= 0))
-        top = int(self.ids[-1]) + 1 if self.ids.size else 0
+    def __init__(self, ids: np.ndarray, lengths: np.ndarray, docs: np.ndarray, documents: int):
+        self.ids, self.docs, self.documents = ids, docs, documents
+        self.lengths = lengths.astype(np.float64)
+        self.monotone = bool(np.all(np.diff(docs) >= 0))
+        top = int(ids[-1]) + 1 if ids.size else 0
         self.length_of = np.zeros(top, dtype=np.float64)
-        self.length_of[self.ids] = self.lengths
+        self.length_of[ids] = self.lengths
         self.doc_of = np.full(top, -1, dtype=np.int64)
-        self.doc_of[self.ids] = self.docs
+        self.doc_of[ids] = docs
+
+    @classmethod
+    def read(cls, conn: sqlite3.Connection) -> "_Chunks":
+        rows = conn.execute(
+            "SELECT t.id, t.length, c.document_id FROM bm25_chunk_terms t "
+            "JOIN chunks c ON c.id = t.id ORDER BY t.id").fetchall()
+        ordinal: dict[str, int] = {}
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        lengths = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        docs = np.fromiter((ordinal.setdefault(r[2], len(ordinal)) for r in rows), dtype=np.int64,
+                           count=len(rows))
+        return cls(ids, lengths, docs, len(ordinal))
+
+    @classmethod
+    def after_run(cls, conn: sqlite3.Connection, first_new_row: int) -> "_Chunks":
+        """The same as :meth:`read`, from the published document map and this run's new rows:
+        a run deletes every row of a document it rewrites, so the surviving documents keep
+        their order and the new rows' documents come after them."""
+        row = conn.execute("SELECT chunk_ids FROM bm25_postings WHERE term_id = ?",
+                           (DOCUMENT_MAP_ID,)).fetchone()
+        rows = conn.execute("SELECT id, length FROM bm25_chunk_terms ORDER BY id").fetchall()
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        lengths = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        del rows
+        old = ids[ids < first_new_row]
+        published = np.frombuffer(row[0], dtype=np.int32) if row is not None else None
+        if published is None or (old.size and (int(old[-1]) >= published.size
+                                               or (published[old] < 0).any())):
+            return cls.read(conn)
+        _, docs_old = np.unique(published[old], return_inverse=True)
+        offset = int(docs_old.max()) + 1 if docs_old.size else 0
+        ordinal: dict[str, int] = {}
+        new_docs = [ordinal.setdefault(did, offset + len(ordinal)) for (did,) in conn.execute(
+            "SELECT c.document_id FROM bm25_chunk_terms t JOIN chunks c ON c.id = t.id "
+            "WHERE t.id >= ? ORDER BY t.id", (first_new_row,))]
+        if ordinal:  # a new row's document must have no older rows left
+            marks = ",".join("?" * len(ordinal))
+            if conn.execute(f"SELECT 1 FROM chunks WHERE id < ? AND document_id IN ({marks}) LIMIT 1",
+                            (first_new_row, *ordinal)).fetchone():
+                return cls.read(conn)
+        docs = np.concatenate([docs_old.astype(np.int64).ravel(), np.array(new_docs, dtype=np.int64)])
+        if docs.size != ids.size:
+            return cls.read(conn)
+        return cls(ids, lengths, docs, offset + len(ordinal))
 
     def stats(self) -> dict:
         """The collection's own statistics, as the weights use them."""
@@ -308,9 +341,40 @@ def _write_rows(conn, terms: np.ndarray, owner: np.ndarray, weights: np.ndarray)
     )
 
 
-def _write_orders(conn, chunks: _Chunks) -> None:
+def _tie_order_after_run(conn, gone: np.ndarray, first_new_row: int) -> np.ndarray | None:
+    """The published tie order without the deleted rows, this run's rows placed in it by
+    binary search (a few hash lookups each); None when it cannot be trusted."""
+    import bisect
+
+    row = conn.execute("SELECT chunk_ids FROM bm25_postings WHERE term_id = ?",
+                       (TIE_ORDER_ID,)).fetchone()
+    if row is None:
+        return None
+    order = np.frombuffer(row[0], dtype=np.int32)
+    order = order[~np.isin(order, gone)]
+    new = conn.execute("SELECT content_hash, id FROM chunks WHERE id >= ? ORDER BY content_hash, id",
+                       (first_new_row,)).fetchall()
+    hashes: dict[int, str] = {}
+
+    def key(i):
+        cid = int(order[i])
+        h = hashes.get(cid)
+        if h is None:
+            found = conn.execute("SELECT content_hash FROM chunks WHERE id = ?", (cid,)).fetchone()
+            h = hashes[cid] = found[0] if found else ""
+        return h, cid
+
+    at = [bisect.bisect_left(range(order.size), (h, cid), key=key) for h, cid in new]
+    out = np.insert(order, at, np.array([cid for _h, cid in new], dtype=np.int32))
+    if out.size != conn.execute("SELECT count(*) FROM chunks").fetchone()[0]:
+        return None
+    return out
+
+
+def _write_orders(conn, chunks: _Chunks, tie_order=None) -> None:
     """The reserved rows: tie order (content-hash order) and the document map."""
-    tie_order = [r[0] for r in conn.execute("SELECT id FROM chunks ORDER BY content_hash, id")]
+    if tie_order is None:
+        tie_order = [r[0] for r in conn.execute("SELECT id FROM chunks ORDER BY content_hash, id")]
     conn.execute(
         "INSERT OR REPLACE INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, x'')",
         (TIE_ORDER_ID, np.asarray(tie_order, dtype=np.int32).tobytes()),
@@ -337,7 +401,7 @@ def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B,
     ``avgdl``) are the statistics to weight with; by default the collection's own.
     Returns the statistics used (the manifest's ``bm25_stats``).
     """
-    chunks = _Chunks(conn)
+    chunks = _Chunks.read(conn)
     conn.execute("DELETE FROM bm25_postings")
     if not chunks.ids.size:
         conn.execute("DELETE FROM bm25_vocab")
@@ -351,16 +415,21 @@ def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B,
         for ids, per_row, tids, freqs in _term_rows(conn):
             sel = np.flatnonzero((tids >= lo) & (tids < hi))
             if sel.size:
-                parts.append((tids[sel], np.repeat(ids, per_row)[sel], freqs[sel],
-                              np.repeat(chunks.length_of[ids], per_row)[sel]))
+                parts.append((tids[sel], np.repeat(ids.astype(np.int32), per_row)[sel], freqs[sel]))
         if not parts:
             continue
-        tids, owner, freqs, dl = (np.concatenate(p) for p in zip(*parts))
+        tids, owner, freqs = (np.concatenate(p) for p in zip(*parts))
         del parts
         order = np.argsort(tids, kind="stable")  # row order within each term
-        tids = tids[order]
-        weights = term_weights(idf[tids], freqs[order].astype(np.float64), dl[order], avgdl, k1, b)
-        _write_rows(conn, tids, owner[order].astype(np.int32), weights)
+        tids, owner, freqs = tids[order], owner[order], freqs[order]
+        del order
+        weights = np.empty(tids.size, dtype=np.float32)
+        for s0 in range(0, tids.size, _WEIGH_SLICE):  # element-wise: slices change no bit
+            sl = slice(s0, s0 + _WEIGH_SLICE)
+            weights[sl] = term_weights(idf[tids[sl]], freqs[sl].astype(np.float64),
+                                       chunks.length_of[owner[sl]], avgdl, k1, b)
+        _write_rows(conn, tids, owner, weights)
+        del tids, owner, freqs, weights
     _write_orders(conn, chunks)
     present = np.flatnonzero(df)
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS _df(term_id INTEGER PRIMARY KEY, n INTEGER)")
@@ -407,7 +476,7 @@ def update_postings(conn: sqlite3.Connection, removed: dict[int, bytes], first_n
     if not removed and conn.execute(
             "SELECT 1 FROM bm25_chunk_terms WHERE id >= ? LIMIT 1", (first_new_row,)).fetchone() is None:
         return stats  # no chunk row changed: nor did any posting
-    chunks = _Chunks(conn)
+    chunks = _Chunks.after_run(conn, first_new_row)
     if not chunks.ids.size or drifted(stats, chunks.stats()):
         return None
     n, avgdl = stats["documents"], stats["avgdl"]
@@ -425,16 +494,22 @@ def update_postings(conn: sqlite3.Connection, removed: dict[int, bytes], first_n
         else:
             a_ids, a_terms, a_freqs = (np.empty(0, np.int64), np.empty(0, np.int32),
                                        np.empty(0, np.float64))
-        sizes = dict(conn.execute(
-            "SELECT term_id, length(chunk_ids) / 4 FROM bm25_postings WHERE term_id >= 0"))
-        cf = np.array([sizes.get(int(t), 0) for t in touched], dtype=np.int64)
+        sizes = {}
+        for g in range(0, touched.size, 900):
+            part = [int(t) for t in touched[g : g + 900]]
+            sizes.update(conn.execute(
+                "SELECT term_id, length(chunk_ids) / 4 FROM bm25_postings WHERE term_id IN "
+                f"({','.join('?' * len(part))})", part))
+        cf = np.array([sizes.get(t, 0) for t in touched.tolist()], dtype=np.int64)
+        budget = max(1, PAIRS_PER_PASS // 3)  # an update holds more per posting than a rebuild
         lo = 0
-        while lo < touched.size:  # groups of terms holding at most PAIRS_PER_PASS old postings
-            hi = lo + max(1, int(np.searchsorted(np.cumsum(cf[lo:]), PAIRS_PER_PASS, side="right")))
+        while lo < touched.size:  # groups of terms holding at most that many old postings
+            hi = lo + max(1, int(np.searchsorted(np.cumsum(cf[lo:]), budget, side="right")))
+            hi = min(hi, lo + 900)  # and few enough to name in one statement
             _update_terms(conn, touched[lo:hi], gone, a_ids, a_terms, a_freqs, chunks,
                           n, avgdl, k1, b)
             lo = hi
-    _write_orders(conn, chunks)
+    _write_orders(conn, chunks, _tie_order_after_run(conn, gone, first_new_row))
     return stats
 
 
@@ -455,7 +530,10 @@ def _update_terms(conn, terms, gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, 
         kept = ~np.isin(o_ids, gone)
         o_terms, o_ids, o_weights = o_terms[kept], o_ids[kept].astype(np.int64), o_weights[kept]
         dl = chunks.length_of[o_ids]
-        df_old = np.array([old_df.get(int(t), 0) for t in o_terms], dtype=np.int64)
+        known = np.array(sorted(old_df), dtype=np.int64)
+        counts = np.array([old_df[t] for t in known.tolist()], dtype=np.int64)
+        at = np.minimum(np.searchsorted(known, o_terms), max(known.size - 1, 0))
+        df_old = np.where(known[at] == o_terms, counts[at], 0) if known.size else np.zeros(o_terms.size, np.int64)
         o_freqs, exact = _frequencies_from_weights(o_weights, idf_of(n, df_old), dl, avgdl, k1, b)
         if not exact.all():  # read those rows' own frequencies
             o_freqs[~exact] = _stored_frequencies(conn, o_ids[~exact], o_terms[~exact])
