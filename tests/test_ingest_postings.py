@@ -126,10 +126,14 @@ def _edit(corpus, rng):
     (corpus / "doc007.txt").unlink()
 
 
-def test_an_incremental_run_updates_only_the_touched_terms_and_equals_a_full_rebuild(tmp_path, monkeypatch):
+@pytest.mark.parametrize("load_all_terms", [terms.TermTable.LOAD_ALL_TERMS, 0])
+def test_an_incremental_run_updates_only_the_touched_terms_and_equals_a_full_rebuild(
+        tmp_path, monkeypatch, load_all_terms):
     """Same statistics, same rows: the term-by-term update is a full rebuild's result, and the
-    terms it never touched keep their rows."""
+    terms it never touched keep their rows. With ``LOAD_ALL_TERMS`` 0 the stored terms are
+    looked up as met (as in a large collection) and must get the same ids."""
     monkeypatch.setattr(terms, "STATS_DRIFT", 0.5)  # a small corpus: keep one edit within the bound
+    monkeypatch.setattr(terms.TermTable, "LOAD_ALL_TERMS", load_all_terms)
     corpus = _corpus(tmp_path / "corpus", n=60)
     _ingest(corpus, tmp_path / "index")
     path = tmp_path / "index" / "kw.sqlite3"

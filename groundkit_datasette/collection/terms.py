@@ -88,10 +88,16 @@ class TermTable:
     # Distinct lower-cased words remembered between chunks; past this the memo starts over.
     WORD_MEMO_LIMIT = 1_000_000
 
+    # Past this many stored terms they are looked up as met instead of loaded at start: an
+    # incremental run over a large collection meets a few thousand of its 200k terms.
+    LOAD_ALL_TERMS = 20_000
+
     def __init__(self, conn: sqlite3.Connection):
         self.conn = conn
-        self.ids = dict(conn.execute("SELECT term, term_id FROM bm25_vocab"))
-        self.next_id = max(self.ids.values(), default=-1) + 1
+        self.next_id = conn.execute("SELECT coalesce(max(term_id), -1) + 1 FROM bm25_vocab").fetchone()[0]
+        # ``ids`` holds every stored term, or (past LOAD_ALL_TERMS) those met so far.
+        self._complete = self.next_id <= self.LOAD_ALL_TERMS
+        self.ids = dict(conn.execute("SELECT term, term_id FROM bm25_vocab")) if self._complete else {}
         self.new_terms: list[tuple[str, int]] = []
         # token -> its term ids (none for a stop word, a bigram each for a CJK run): each
         # distinct token is stemmed or split once per run.
@@ -99,7 +105,9 @@ class TermTable:
 
     def has_cjk_terms(self) -> bool:
         """Whether any stored term holds CJK text (tokenized whole, before bigrams)."""
-        return has_cjk("\n".join(self.ids))
+        if self._complete:
+            return has_cjk("\n".join(self.ids))
+        return any(has_cjk(term) for (term,) in self.conn.execute("SELECT term FROM bm25_vocab"))
 
     def _word_id(self, word: str) -> tuple[int, ...]:
         if _CJK_CHAR.match(word):
@@ -110,6 +118,10 @@ class TermTable:
 
     def _term_id(self, term: str) -> int:
         tid = self.ids.get(term)
+        if tid is None and not self._complete:
+            found = self.conn.execute("SELECT term_id FROM bm25_vocab WHERE term = ?", (term,)).fetchone()
+            if found is not None:
+                tid = self.ids[term] = found[0]
         if tid is None:
             tid = self.ids[term] = self.next_id
             self.next_id += 1
@@ -530,11 +542,10 @@ def _update_terms(conn, terms, gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, 
         kept = ~np.isin(o_ids, gone)
         o_terms, o_ids, o_weights = o_terms[kept], o_ids[kept].astype(np.int64), o_weights[kept]
         dl = chunks.length_of[o_ids]
-        known = np.array(sorted(old_df), dtype=np.int64)
-        counts = np.array([old_df[t] for t in known.tolist()], dtype=np.int64)
-        at = np.minimum(np.searchsorted(known, o_terms), max(known.size - 1, 0))
-        df_old = np.where(known[at] == o_terms, counts[at], 0) if known.size else np.zeros(o_terms.size, np.int64)
-        o_freqs, exact = _frequencies_from_weights(o_weights, idf_of(n, df_old), dl, avgdl, k1, b)
+        # IDF per term, then gathered per posting (``terms`` is sorted and holds every o_term).
+        idf_old = idf_of(n, np.array([old_df.get(t, 0) for t in terms.tolist()], dtype=np.int64))
+        o_freqs, exact = _frequencies_from_weights(
+            o_weights, idf_old[np.searchsorted(terms, o_terms)], dl, avgdl, k1, b)
         if not exact.all():  # read those rows' own frequencies
             o_freqs[~exact] = _stored_frequencies(conn, o_ids[~exact], o_terms[~exact])
     else:
@@ -556,11 +567,12 @@ def _update_terms(conn, terms, gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, 
         pairs = np.unique(all_terms.astype(np.int64) * (chunks.documents + 1) + docs)
         counted = pairs // (chunks.documents + 1)
     present, df_present = np.unique(counted, return_counts=True)
-    df = np.zeros(int(terms.max()) + 1, dtype=np.int64)
-    df[present] = df_present
-    weights = term_weights(idf_of(n, df)[all_terms], all_freqs, chunks.length_of[all_ids], avgdl, k1, b)
+    df = np.zeros(terms.size, dtype=np.int64)
+    df[np.searchsorted(terms, present)] = df_present
+    weights = term_weights(idf_of(n, df)[np.searchsorted(terms, all_terms)], all_freqs,
+                           chunks.length_of[all_ids], avgdl, k1, b)
     _write_rows(conn, all_terms, all_ids.astype(np.int32), weights)
-    empty = [int(t) for t in terms if df[t] == 0]
+    empty = [int(t) for t, d in zip(terms.tolist(), df.tolist()) if d == 0]
     if empty:
         marks = ",".join("?" * len(empty))
         conn.execute(f"DELETE FROM bm25_postings WHERE term_id IN ({marks})", empty)
