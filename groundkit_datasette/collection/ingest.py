@@ -670,9 +670,13 @@ class Indexer:
         covering only the files that changed.
         """
         missing: dict[str, list[str]] = {}
-        for chunk_id, document_id in conn.execute("SELECT chunk_id, document_id FROM chunks"):
-            if chunk_id not in vectors.ids:
-                missing.setdefault(document_id, []).append(chunk_id)
+        # The chunk ids alone come from their index, not from the rows (which hold the text).
+        known = vectors.ids
+        listed = conn.execute("SELECT group_concat(chunk_id, ' ') FROM chunks").fetchone()[0]
+        if not known.issuperset((listed or "").split()):  # chunk ids hold no spaces
+            for chunk_id, document_id in conn.execute("SELECT chunk_id, document_id FROM chunks"):
+                if chunk_id not in known:
+                    missing.setdefault(document_id, []).append(chunk_id)
         total = sum(len(ids) for ids in missing.values())
         if not total:
             return False

@@ -222,9 +222,9 @@ class _Chunks:
         their order and the new rows' documents come after them."""
         row = conn.execute("SELECT chunk_ids FROM bm25_postings WHERE term_id = ?",
                            (DOCUMENT_MAP_ID,)).fetchone()
-        rows = conn.execute("SELECT id, length FROM bm25_chunk_terms ORDER BY id").fetchall()
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        lengths = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        rows = np.array(conn.execute("SELECT id, length FROM bm25_chunk_terms ORDER BY id").fetchall(),
+                        dtype=np.int64).reshape(-1, 2)
+        ids, lengths = rows[:, 0].copy(), rows[:, 1].copy()
         del rows
         old = ids[ids < first_new_row]
         published = np.frombuffer(row[0], dtype=np.int32) if row is not None else None

@@ -59,6 +59,50 @@ def open_table(lance_dir: Path, version: int | None = None):
     return table
 
 
+class _ByDocument(dict):
+    """``{document_id: its chunk ids}``, each document's set made when it is first asked for
+    (a run touches a few of the 45k documents; building every set costs seconds)."""
+
+    def __init__(self, chunk_ids: list[str], document_ids):
+        import pyarrow.compute as pc
+
+        super().__init__()
+        encoded = pc.dictionary_encode(document_ids.combine_chunks()
+                                       if hasattr(document_ids, "combine_chunks") else document_ids)
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        self._index = {d: i for i, d in enumerate(encoded.dictionary.to_pylist())}
+        self._order = np.argsort(codes, kind="stable")
+        self._bounds = np.searchsorted(codes[self._order], np.arange(len(self._index) + 1))
+        self._chunk_ids = chunk_ids
+
+    def _load(self, document_id):
+        i = self._index.pop(document_id, None)
+        if i is None:
+            return None
+        ids = {self._chunk_ids[j] for j in self._order[self._bounds[i]:self._bounds[i + 1]].tolist()}
+        super().__setitem__(document_id, ids)
+        return ids
+
+    def get(self, document_id, default=None):
+        if dict.__contains__(self, document_id):
+            return dict.__getitem__(self, document_id)
+        found = self._load(document_id)
+        return default if found is None else found
+
+    def __getitem__(self, document_id):
+        found = self.get(document_id)
+        if found is None:
+            raise KeyError(document_id)
+        return found
+
+    def __contains__(self, document_id):
+        return dict.__contains__(self, document_id) or document_id in self._index
+
+    def __setitem__(self, document_id, ids):
+        self._index.pop(document_id, None)
+        super().__setitem__(document_id, ids)
+
+
 class VectorWriter:
     """Buffers one ingest run's vector changes and applies them at commit."""
 
@@ -83,11 +127,10 @@ class VectorWriter:
                 # A run that died after writing vectors but before publishing: roll back.
                 self.table.restore(int(published_version))
             # Only the two id columns: reading the vectors would cost the whole table.
-            current = (self.table.search().select(["chunk_id", "document_id"]).limit(None)
-                       .to_arrow().to_pydict())
-            for cid, did in zip(current["chunk_id"], current["document_id"]):
-                self.ids.add(cid)
-                self.by_document.setdefault(did, set()).add(cid)
+            current = self.table.search().select(["chunk_id", "document_id"]).limit(None).to_arrow()
+            chunk_ids = current.column("chunk_id").to_pylist()
+            self.ids = set(chunk_ids)
+            self.by_document = _ByDocument(chunk_ids, current.column("document_id"))
         self.to_delete: set[str] = set()
         self.to_add: list[tuple[str, str, np.ndarray]] = []
 
