@@ -139,9 +139,10 @@ def _worker(args) -> dict:
         _synthetic.register()
         index_dir, base, path = args[1:4]
         indexer = Indexer("debian-docs", index_dir=index_dir, base_dir=base)
-        t = time.perf_counter()
+        t, c0 = time.perf_counter(), time.process_time()
         report = indexer.ingest([path])
-        return {"seconds": time.perf_counter() - t, "published": report.published,
+        return {"seconds": time.perf_counter() - t, "ingest_cpu_seconds": time.process_time() - c0,
+                "published": report.published,
                 "updated": report.updated, "chunks_embedded": report.chunks_embedded,
                 "postings": "rebuilt" if getattr(indexer, "postings_rebuilt", True) else "updated",
                 "ann": getattr(indexer, "ann_action", "-"),
@@ -288,7 +289,10 @@ def incremental(args, work: Path) -> None:
     o, b = results["ours"], results["baseline"]
     rows.append(["publish after a one-file edit, s", o["seconds"], b["seconds"], c.ratio(o["seconds"], b["seconds"]),
                  "met" if o["seconds"] < 5 else "MISSED"])
-    rows.append(["  CPU seconds of the worker (user + system)", o["cpu_seconds"], b["cpu_seconds"],
+    rows.append(["  CPU seconds of the ingest call (user + system)", o["ingest_cpu_seconds"],
+                 b["ingest_cpu_seconds"], c.ratio(o["ingest_cpu_seconds"], b["ingest_cpu_seconds"]),
+                 "met" if o["ingest_cpu_seconds"] < 5 else "MISSED"])
+    rows.append(["  CPU seconds of the worker, imports included", o["cpu_seconds"], b["cpu_seconds"],
                  c.ratio(o["cpu_seconds"], b["cpu_seconds"]), ""])
     rows.append(["chunks embedded (synthetic)", o["chunks_embedded"], b["chunks_embedded"], "", ""])
     rows.append(["postings", o["postings"], b["postings"], "", ""])
