@@ -101,9 +101,42 @@ def worker(engine: str, spec_file: str) -> dict:
         def score_only(q):
             return bm25.score(col._conn, q)
 
+        # The fixed cost of a response: from ranked row ids to serialised JSON, as run_search
+        # does it (one lookup by row id, hits built without re-validation, model_dump_json).
+        from groundkit_datasette.retrieval import search as _search
+
+        from groundkit_datasette.retrieval.rankers import bm25_top_rows
+
+        def rank_only(q):  # the ranking alone, to row ids: what bm25s's retrieve returns
+            return bm25_top_rows(col, q, TOP_K + 1, None)
+
+        ranked_ids = {q: rank_only(q) for q in queries}
+
+        def response(q):
+            ids, scores = ranked_ids[q]
+            rows = _search.hit_rows(col, "id", ids)
+            by_id = {r[14]: r for r in rows}
+            ranked_list = [(by_id[i][0], s) for i, s in zip(ids, scores)]
+            comps = {cid: {"bm25": {"rank": n, "score": s}} for n, (cid, s) in enumerate(ranked_list, 1)}
+            hits = _search._hits(col, ranked_list[:TOP_K], comps, 1, {r[0]: r for r in rows})
+            return _search.build_response(dict(
+                collection=col.name, mode="bm25", generation=col.generation, top_k=TOP_K, offset=0,
+                next_offset=TOP_K if len(ids) > TOP_K else None,
+                top_score=scores[0] if scores else None, timings_ms={"total_ms": 0.0}, hits=hits,
+            ), trusted=True).model_dump_json()
+
+        def response_unchecked(q):
+            base, col.base_dir = col.base_dir, None  # no base directory: no stat per document
+            try:
+                return response(q)
+            finally:
+                col.base_dir = base
+
         search(queries[0])
         out["variants"] = {}
-        for label, fn in (("search", search), ("score+rank", ranked), ("score", score_only)):
+        for label, fn in (("search", search), ("score+rank", ranked), ("rank to row ids", rank_only),
+                          ("score", score_only),
+                          ("response", response), ("response, no stale check", response_unchecked)):
             out["variants"][label] = c.latency_stats(c.timed_passes(fn, queries, repeats))
         out["build_s"] = spec.get("ours_build_s")
         out["mem_mb"] = c.rss_mb() - base_rss
@@ -254,6 +287,8 @@ def report_corpus(label, chunks, nq, results, ours_build_s) -> tuple[str, dict]:
     ours = results["ours"]
     rows = []
     for name, (p50, p95) in ours["variants"].items():
+        if name.startswith("response"):
+            continue
         rows.append([f"ours ({name})", ours_build_s if name == "search" else None,
                      ours["mem_mb"] if name == "search" else None, p50, p95,
                      ours["ndcg"] if name == "search" else None])
@@ -273,21 +308,32 @@ def report_corpus(label, chunks, nq, results, ours_build_s) -> tuple[str, dict]:
     text = [f"\n## {label}: {chunks} chunks, {nq} queries",
             c.table(["engine", "build s", "mem MB", "p50 ms", "p95 ms", "nDCG@10", "ours/this p50"], rows)]
     summary = {"chunks": chunks, "queries": nq, "rows": rows}
-    if "bm25s" in results:
-        b = results["bm25s"]
+    summary["ours_p50"] = ours_p50
+    # The target (issue 14): ours <= 1.0x bm25s with its fastest backend (numba), tokenizing
+    # included on both sides, at equal nDCG@10 where judged.
+    fastest = "bm25s-numba" if "bm25s-numba" in results else None
+    if fastest:
+        b = results[fastest]
         r_search = ours_p50 / b["p50"]
-        r_raw = ours["variants"]["score+rank"][0] / b["p50"]
-        ok = "met" if r_search <= 1.5 else "MISSED"
-        text.append(f"target ours/bm25s p50 <= 1.5: search {r_search:.2f} ({ok}); score+rank path {r_raw:.2f}; "
-                    f"p95 ratio {ours['variants']['search'][1] / b['p95']:.2f}")
+        r_raw = ours["variants"]["rank to row ids"][0] / b["p50"]
+        ok = "met" if r_search <= 1.0 else "MISSED"
+        text.append(f"target ours/bm25s-numba p50 <= 1.0: search {r_search:.2f} ({ok}); the ranking "
+                    f"alone (to row ids) {r_raw:.2f}; p95 ratio {ours['variants']['search'][1] / b['p95']:.2f}")
         if ours["ndcg"] is not None and b["ndcg"] is not None:
-            text.append(f"nDCG@10 ours {ours['ndcg']:.4f} vs bm25s {b['ndcg']:.4f} "
+            text.append(f"nDCG@10 ours {ours['ndcg']:.4f} vs bm25s-numba {b['ndcg']:.4f} "
                         f"({'no worse' if ours['ndcg'] >= b['ndcg'] - 1e-9 else 'WORSE'})")
-        summary.update(ratio_search=r_search, ratio_raw=r_raw)
-    if "bm25s-numba" in results:
-        r_numba = ours_p50 / results["bm25s-numba"]["p50"]
-        text.append(f"ours/bm25s-numba p50: {r_numba:.2f} ({'met' if r_numba <= 1.5 else 'MISSED'})")
-        summary.update(ratio_numba=r_numba)
+        summary.update(ratio_numba=r_search, ratio_numba_raw=r_raw, target_met=r_search <= 1.0)
+    else:
+        text.append("target ours/bm25s-numba p50 <= 1.0: not judged (bm25s-numba not run)")
+    if "bm25s" in results:
+        summary.update(ratio_numpy=ours_p50 / results["bm25s"]["p50"])
+        text.append(f"ours/bm25s (numpy backend, the constructor default) p50: {summary['ratio_numpy']:.2f} "
+                    "(for reference only)")
+    resp, bare = ours["variants"]["response"][0], ours["variants"]["response, no stale check"][0]
+    text.append(f"target response fixed cost (ranked row ids -> JSON, {TOP_K} hits) p50 <= 0.030 ms: "
+                f"{bare:.3f} ms ({'met' if bare <= 0.030 else 'MISSED'}); with the stale-hit stat per "
+                f"document {resp:.3f} ms")
+    summary.update(response_ms=bare, response_stale_ms=resp)
     text.append(f"ours: collection opened in {ours['open_s'] * 1000:.1f} ms; {ours['mem_note']}")
     return "\n".join(text), summary
 

@@ -97,6 +97,31 @@ class TooManyDocuments(GroundkitError):
     kind = "too_many_documents"
 
 
+class NoPageImage(GroundkitError):
+    """The chunk has no page image: not from a PDF, or the page is not part of its citation."""
+
+    kind = "no_page_image"
+
+
+class SourceChanged(GroundkitError):
+    """The source is not the file ingest read (changed, missing, unreadable): nothing is drawn
+    on it, since the cited offsets may point at other text now."""
+
+    kind = "source_changed"
+
+
+class PageImageTooLarge(GroundkitError):
+    """Past a page image bound: the source file's size, its page count, or the page's pixels."""
+
+    kind = "page_image_too_large"
+
+
+class RenderTimeout(GroundkitError):
+    """The page image was not ready within the render time bound."""
+
+    kind = "render_timeout"
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     """One error as every surface answers it: status, kind and a text that echoes nothing."""

@@ -134,3 +134,38 @@ def axe_violations(page) -> list[dict]:
     if not page.evaluate("() => typeof window.axe === 'object'"):
         page.evaluate(axe_source() + "\n;undefined")
     return [v for v in page.evaluate(_AXE_RUN) if v["impact"] in AXE_FAILING]
+
+
+# -- the README's screenshots ------------------------------------------------------------
+
+# What the README shows, each taken by test_readme_screenshots (docs/screenshots/<name>.png).
+README_SHOTS = ("search", "document", "pdf-citation", "collection")
+SCREENSHOT_MARK = "groundkit tests/test_browser.py::test_readme_screenshots"
+
+
+def mark_png(data: bytes, text: str = SCREENSHOT_MARK) -> bytes:
+    """``data`` with a PNG tEXt chunk (keyword "Software") naming the test that took it,
+    inserted after IHDR: the README test checks every image it embeds carries it."""
+    import zlib
+
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    after_ihdr = 8 + 12 + int.from_bytes(data[8:12], "big")
+    body = b"Software\x00" + text.encode("latin-1")
+    chunk = (len(body).to_bytes(4, "big") + b"tEXt" + body
+             + zlib.crc32(b"tEXt" + body).to_bytes(4, "big"))
+    return data[:after_ihdr] + chunk + data[after_ihdr:]
+
+
+def png_text(data: bytes) -> dict[str, str]:
+    """A PNG's tEXt chunks, keyword to text."""
+    out, pos = {}, 8
+    while pos + 8 <= len(data):
+        length = int.from_bytes(data[pos:pos + 4], "big")
+        kind = data[pos + 4:pos + 8]
+        if kind == b"tEXt":
+            key, _, value = data[pos + 8:pos + 8 + length].partition(b"\x00")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        if kind == b"IEND":
+            break
+        pos += 12 + length
+    return out

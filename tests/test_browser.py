@@ -28,8 +28,10 @@ from .browser_support import (
     REPO,
     LiveServer,
     artifacts_dir,
+    README_SHOTS,
     axe_violations,
     horizontal_overflow,
+    mark_png,
     page_problems,
 )
 from .conftest import write_corpus
@@ -397,12 +399,67 @@ def test_every_groundkit_page_passes_axe_at_desktop_and_phone_width(browser, liv
         page.locator(".gk-hit h3 a").first.click()
         expect(badge(page)).to_be_visible()
         check("chunk")
+        page.goto(live.url + "/energy/-/groundkit/verify-quote?quote=Batteries+store+surplus+energy")
+        expect(page.locator("h1")).to_be_visible()
+        check("verify quote")
         for path in ("/energy/-/groundkit/documents/d_00000000000000000000",
                      "/energy/-/groundkit/search?q=wind&offset=9999", "/nosuch/-/groundkit"):
             page.goto(live.url + path)
             expect(page.locator(".gk-error")).to_be_visible()
             check(path)
-        assert len(checked) == 9
+        assert len(checked) == 10
+    finally:
+        ctx.close()
+    assert refused == []
+
+
+@pytest.mark.parametrize("width", [1280, 375])
+def test_a_pdf_citation_shows_its_page_and_passes_axe(browser, tmp_path, width):
+    """The chunk page of a PDF citation loads its page image under the pages' CSP (same
+    origin), passes axe at desktop and phone width, and so do the image's own error page and
+    the chunk page once the source changed (which then says why no page is shown)."""
+    from .pdf_support import make_pdf
+
+    built = build(tmp_path)
+    (built.corpus / "handbook.pdf").write_bytes(make_pdf(HANDBOOK))
+    ingest([built.corpus], collection="energy", index_dir=built.index_dir, embedder="none")
+    chunk_id = chunk_id_for(built.index_dir / "energy.sqlite3", "crash during ingest")
+    ctx = browser.new_context(viewport={"width": width, "height": 900}, is_mobile=width < 500)
+    refused = []
+    try:
+        page = ctx.new_page()
+        page.on("console", lambda m: "Content Security Policy" in m.text and refused.append(m.text))
+        with LiveServer(make_ds(built)) as live:
+            page.goto(live.url + f"/energy/-/groundkit/chunks/{chunk_id}")
+            image = page.locator("img.gk-page-image")
+            expect(image).to_have_attribute("alt", "Page 1 of handbook.pdf, the cited text highlighted")
+            image.scroll_into_view_if_needed()
+            page.wait_for_function(
+                "() => { const i = document.querySelector('img.gk-page-image');"
+                " return i.complete && i.naturalWidth === 1000; }")
+            assert axe_violations(page) == [] and page_problems(page) == []
+            assert horizontal_overflow(page) <= 1
+            # The image is no wider than the column it sits in.
+            assert page.evaluate("document.querySelector('img.gk-page-image').getBoundingClientRect().width") <= width
+            shot(page, f"chunk-pdf-{width}px")
+            response = page.goto(live.url + f"/energy/-/groundkit/chunks/{chunk_id}/pages/2.png")
+            assert response.status == 404
+            expect(page.locator(".gk-error")).to_contain_text("not part of this citation")
+            assert axe_violations(page) == [] and page_problems(page) == []
+            # Page 2 dropped: the cited text on page 1 is where it was, so it is still drawn.
+            (built.corpus / "handbook.pdf").write_bytes(make_pdf(HANDBOOK[:1]))
+            page.goto(live.url + f"/energy/-/groundkit/chunks/{chunk_id}")
+            expect(badge(page)).to_have_text(re.compile("verified"))
+            page.wait_for_function(
+                "() => { const i = document.querySelector('img.gk-page-image');"
+                " return i.complete && i.naturalWidth === 1000; }")
+            # The cited words changed: the page is not drawn on, and the page says why.
+            reworded = [[line.replace("crash", "fault") for line in HANDBOOK[0]]]
+            (built.corpus / "handbook.pdf").write_bytes(make_pdf(reworded))
+            page.goto(live.url + f"/energy/-/groundkit/chunks/{chunk_id}")
+            expect(page.locator(".gk-page-note")).to_contain_text("The page is not shown")
+            expect(page.locator("img.gk-page-image")).to_have_count(0)
+            assert axe_violations(page) == [] and page_problems(page) == []
     finally:
         ctx.close()
     assert refused == []
@@ -461,42 +518,134 @@ def test_grouped_hits_open_and_pages_follow_on(live, page):
     assert page.locator(".gk-rank").all_text_contents() == first_page
 
 
+# The demo collection's PDF: an operator's handbook, two pages of about 2,500 characters, so a
+# page holds several chunks and the cited one is a part of it.
+HANDBOOK = [
+    ["Operating groundkit: a handbook for the people who run it",
+     "",
+     "1. Before the first ingest",
+     "Choose one index directory per machine and keep it on a local disk.",
+     "The collections in it are single SQLite files with a LanceDB folder",
+     "beside each; back them up as files, while no ingest is running.",
+     "Give the service account read access to the sources and nothing more.",
+     "",
+     "2. After a crash during ingest",
+     "A crash during ingest leaves the published collection as it was:",
+     "ingest writes a private copy and renames it into place only at the end.",
+     "Run the same ingest command again. Files whose content hash is unchanged",
+     "are skipped, so the second run only redoes the work the crash cut short.",
+     "If the copy was left behind, the next run removes it before it starts.",
+     "Check the result with groundkit status: generation, documents, chunks.",
+     "",
+     "3. When a citation drifts",
+     "A drifted citation means the source file changed after it was ingested.",
+     "The chunk page shows where the cited text moved to, if it still exists.",
+     "Re-ingest the folder to bring the collection up to date with the files.",
+     "Answers quoted before the change can be checked again with verify_quote."],
+    ["4. Serving to colleagues",
+     "Publish behind a TLS proxy and configure OIDC or static tokens first.",
+     "Access lists beside a document limit who may read it on every surface:",
+     "search, the document and chunk pages, the JSON API and MCP alike.",
+     "",
+     "5. Keeping answers honest",
+     "Every hit carries its source, its lines and its pages. Quote from the",
+     "chunk page, which re-reads the source now, rather than from memory.",
+     "A weak match is labelled as one: prefer hits that share the query's words."],
+]
 def _demo_corpus(root: Path) -> Path:
-    """What ``make demo`` ingests: the README, docs/ and adr/ of this repository."""
+    """Like what ``make demo`` ingests (the README, docs/ and the ADRs the pages cite), plus
+    a PDF handbook so a citation can be shown on its page."""
+    from .pdf_support import make_pdf
+
     root.mkdir(parents=True)
     shutil.copy(REPO / "README.md", root / "README.md")
-    for name in ("docs", "adr"):
-        shutil.copytree(REPO / name, root / name, ignore=shutil.ignore_patterns("*.png"))
+    shutil.copytree(REPO / "docs", root / "docs", ignore=shutil.ignore_patterns("*.png"))
+    (root / "adr").mkdir()
+    for adr in ("0002-publish-by-rename.md", "0010-datasette-pages-follow-reingest.md",
+                "0023-verify-quote-and-stale-hits.md", "0024-paging-grouping-documents.md"):
+        shutil.copy(REPO / "adr" / adr, root / "adr" / adr)
+    (root / "handbook.pdf").write_bytes(make_pdf(HANDBOOK))
     return root
 
 
-def test_screenshots_of_a_demo_collection(browser, tmp_path):
-    """Screenshots for the README; set GROUNDKIT_README_SCREENSHOTS=1 to refresh docs/screenshots."""
+def test_readme_screenshots(browser, tmp_path):
+    """The README's screenshots, from a collection ingested with the default embedder (dense
+    and hybrid available): hybrid search, a document, a PDF citation on its page, the
+    collection page. Each is saved marked (``mark_png``) under the artifacts directory;
+    GROUNDKIT_README_SCREENSHOTS=1 also writes them to docs/screenshots, which CI does."""
     corpus = _demo_corpus(tmp_path / "demo")
     index_dir = tmp_path / "index"
-    ingest([corpus], collection="groundkit", index_dir=index_dir, embedder="none")
+    report = ingest([corpus], collection="groundkit", index_dir=index_dir)  # default embedder
+    assert report.chunks_embedded == report.chunks_written > 0
     ds = Datasette(files=[], immutables=[str(index_dir / "groundkit.sqlite3")],
                    metadata={"plugins": {"groundkit": {"base_dir": str(corpus)}}})
     shots = {}
     with LiveServer(ds) as live:
-        ctx = browser.new_context(viewport={"width": 900, "height": 900})
+        ctx = browser.new_context(viewport={"width": 1100, "height": 1000})
+        refused = []
         try:
             page = ctx.new_page()
+            page.on("console", lambda m: "Content Security Policy" in m.text and refused.append(m.text))
+
+            def take(name, full_page=False, clip=None):
+                assert axe_violations(page) == [], name
+                assert_accessible(page)
+                shots[name] = page.screenshot(full_page=full_page, clip=clip)
+
             page.goto(live.url + "/groundkit/-/groundkit/search?q=crash+during+ingest&top_k=5")
+            expect(page.locator("#gk-mode")).to_have_value("hybrid")
+            expect(page.locator(".gk-hit").first).to_be_visible()
+            assert "unavailable" not in page.locator(".gk-search-form").inner_text()
+            components = page.locator(".gk-hit").first.inner_text()
+            assert "bm25" in components and "dense" in components
             expect(page.locator(".gk-hit mark").first).to_be_visible()
-            shots["search"] = shot(page, "demo-search", full_page=False)
+            take("search")
+
+            # A Markdown hit's document: headings as contents, the cited chunk marked.
+            page.locator(".gk-hit", has_text=".md, lines").first.locator("a.gk-document").click()
+            expect(page.locator(".gk-doc-cited")).to_have_count(1)
+            expect(page.locator(".gk-toc a").first).to_be_visible()
+            expect(badge(page)).to_have_text(re.compile("unchanged"))
+            page.evaluate("window.scrollTo(0, 0)")
+            take("document")
+
+            page.goto(live.url + "/groundkit/-/groundkit/search?q=crash+during+ingest"
+                      "&source=handbook.pdf&mode=hybrid&top_k=3")
+            expect(page.locator(".gk-hit").first).to_contain_text("page 1")
             page.locator(".gk-hit h3 a").first.click()
             expect(badge(page)).to_have_text(re.compile("verified"))
-            shots["chunk"] = shot(page, "demo-chunk", full_page=False)
+            image = page.locator("img.gk-page-image")
+            expect(image).to_have_count(1)
+            image.scroll_into_view_if_needed()
+            page.wait_for_function(
+                "() => { const i = document.querySelector('img.gk-page-image');"
+                " return i.complete && i.naturalWidth > 0; }")
+            assert page.evaluate("document.querySelector('img.gk-page-image').naturalWidth") == 1000
+            page.evaluate("window.scrollTo(0, 0)")
+            # From the top of the page down to the middle of the page image: the verdict, the
+            # cited text and the highlighted lines of the handbook.
+            box = image.bounding_box()
+            height = min(page.evaluate("document.documentElement.scrollHeight"),
+                         box["y"] + box["height"] * 0.55)
+            take("pdf-citation", full_page=True, clip={"x": 0, "y": 0, "width": 1100, "height": height})
+
+            page.goto(live.url + "/groundkit/-/groundkit")
+            expect(page.locator("#gk-ingest-heading")).to_be_visible()
+            assert "all-MiniLM-L6-v2" in page.content()
+            take("collection")
         finally:
             ctx.close()
-    for name, path in shots.items():
-        assert path.stat().st_size < 300 * 1024, (name, path.stat().st_size)
-    if os.environ.get("GROUNDKIT_README_SCREENSHOTS") == "1":
-        target = REPO / "docs" / "screenshots"
-        target.mkdir(parents=True, exist_ok=True)
-        for name, path in shots.items():
-            shutil.copy(path, target / f"{name}.png")
+    assert refused == []
+    assert set(shots) == set(README_SHOTS)
+    target = REPO / "docs" / "screenshots"
+    write_readme = os.environ.get("GROUNDKIT_README_SCREENSHOTS") == "1"
+    for name, data in shots.items():
+        assert len(data) < 400 * 1024, (name, len(data))
+        marked = mark_png(data)
+        (artifacts_dir() / f"readme-{name}.png").write_bytes(marked)
+        if write_readme:
+            target.mkdir(parents=True, exist_ok=True)
+            (target / f"{name}.png").write_bytes(marked)
 
 
 # -- the same pages through Datasette's test client ---------------------------------------

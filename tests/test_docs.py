@@ -369,3 +369,22 @@ async def test_query_text_is_never_logged(tmp_path, caplog, capfd):
     assert len(records) == 2  # the call log did run, once per call
     logged = "\n".join(r.getMessage() + str(r.args) for r in [*records, *caplog.records])
     assert "zqxjsecretword" not in logged + capfd.readouterr().err
+
+
+def test_every_readme_image_exists_and_was_taken_by_the_screenshot_test():
+    """The README shows only screenshots that test_readme_screenshots took (each carries its
+    mark), every one it takes, and its first link is the search page, not a raw table."""
+    from .browser_support import README_SHOTS, SCREENSHOT_MARK, png_text
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    images = re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", readme)
+    assert images, "the README shows no screenshots"
+    for image in images:
+        path = ROOT / image
+        assert path.is_file(), image
+        assert png_text(path.read_bytes()).get("Software") == SCREENSHOT_MARK, (
+            f"{image} was not written by the screenshot test: run it with "
+            "GROUNDKIT_README_SCREENSHOTS=1")
+    assert sorted(images) == sorted(f"docs/screenshots/{n}.png" for n in README_SHOTS)
+    first = re.search(r"<(http://127\.0\.0\.1:8001/[^>]*)>", readme).group(1)
+    assert first.endswith("/-/groundkit/search"), first

@@ -28,8 +28,8 @@ from .ui_hooks import render_cell, table_actions  # noqa: F401  (hookimpls must 
 log = logging.getLogger("groundkit")
 
 def routes_for(tools) -> list[tuple[str, object]]:
-    """(regex, view) for every JSON and HTML route in the table, the MCP endpoint, and the
-    two routes that describe the API rather than call it (OpenAPI, health)."""
+    """(regex, view) for every JSON and HTML route in the table and its pages' assets, the MCP
+    endpoint, and the two routes that describe the API rather than call it (OpenAPI, health)."""
     from ..surfaces.mcp_server import mcp_http_view
     from ..surfaces.pages import html_view
 
@@ -38,6 +38,8 @@ def routes_for(tools) -> list[tuple[str, object]]:
         routes.append((Tool.route_regex(tool.json_route), json_view(tool)))
         if tool.html_route:
             routes.append((Tool.route_regex(tool.html_route), html_view(tool)))
+        for asset in tool.page_assets:  # files a page shows (adr/0025)
+            routes.append((asset.regex(), asset.view(tool)))
     routes.append(("^" + MCP_ROUTE + "$", mcp_http_view))
     routes.append(("^" + OPENAPI_ROUTE + "$", openapi_view))
     routes.append(("^" + HEALTH_ROUTE + "$", health_view))

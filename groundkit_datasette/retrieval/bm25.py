@@ -81,8 +81,37 @@ def tie_ranks(conn: sqlite3.Connection) -> np.ndarray | None:
     return ranks
 
 
+class Postings:
+    """One term's postings as read from the file: chunk row ids (ascending) and weights, plus
+    the order statistic the top-k cut needs (:meth:`kth`), derived in memory on first use.
+    Unpacks as ``ids, weights``."""
+
+    __slots__ = ("ids", "weights", "_top")
+    # How many of a term's largest weights are kept (sorted) for :meth:`kth`.
+    TOP_KEPT = 128
+
+    def __init__(self, ids: np.ndarray, weights: np.ndarray):
+        self.ids = ids
+        self.weights = weights
+        self._top = None
+
+    def __iter__(self):
+        return iter((self.ids, self.weights))
+
+    def kth(self, k: int) -> np.float32:
+        """The ``k``-th largest weight, or 0 when the term has fewer postings (or ``k`` is
+        past the weights kept)."""
+        top = self._top
+        if top is None:
+            w = self.weights
+            n = min(w.size, self.TOP_KEPT)
+            top = np.sort(np.partition(w, w.size - n)[w.size - n:])[::-1] if n else w[:0]
+            self._top = top
+        return top[k - 1] if 0 < k <= top.size else np.float32(0)
+
+
 def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
-    """``{term: (chunk row ids, weights) or None}`` read from the postings."""
+    """``{term: Postings or None}`` read from the postings."""
     found = dict.fromkeys(terms)
     marks = ",".join("?" * len(terms))
     for term, ids, weights in conn.execute(
@@ -90,21 +119,18 @@ def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
         f"ON p.term_id = v.term_id WHERE v.term IN ({marks})",
         terms,
     ):
-        found[term] = (np.frombuffer(ids, dtype=np.int32), np.frombuffer(weights, dtype=np.float32))
+        found[term] = Postings(np.frombuffer(ids, dtype=np.int32),
+                               np.frombuffer(weights, dtype=np.float32))
     return found
 
 
-def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
-          hidden: np.ndarray | None = None, total: int | None = None):
-    """Return ``(chunk row ids, scores)`` of every chunk matching any query term.
-
-    ``hidden`` (sorted chunk row ids a reader may not see) and ``total`` (chunks in the
-    collection) compute IDF over the rest; see :func:`without_hidden`.
-    """
+def _query_postings(conn, query: str, cache: dict | None):
+    """The query's terms that occur, as ``(postings, repeats)`` in sorted term order (the
+    order their weights are summed in: every scorer here adds them in this order)."""
     tokens = tokenize(query)
     terms = sorted(set(tokens))
     if not terms:
-        return np.empty(0, np.int64), np.empty(0, np.float32)
+        return [], []
     # A word the query repeats counts as often as it is repeated (as in Lucene and bm25s):
     # in a long, natural-language query the repeated words carry the topic.
     counts = Counter(tokens) if len(terms) < len(tokens) else None
@@ -121,18 +147,97 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
             cache.update(found)
         resolved = cache
     present = [t for t in terms if resolved[t] is not None]
-    postings = [resolved[t] for t in present]
-    repeats = [counts[t] for t in present] if counts else [1] * len(present)
+    return [resolved[t] for t in present], [counts[t] for t in present] if counts else [1] * len(present)
+
+
+def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
+          hidden: np.ndarray | None = None, total: int | None = None):
+    """Return ``(chunk row ids, scores)`` of every chunk matching any query term.
+
+    ``hidden`` (sorted chunk row ids a reader may not see) and ``total`` (chunks in the
+    collection) compute IDF over the rest; see :func:`without_hidden`.
+    """
+    postings, repeats = _query_postings(conn, query, cache)
     if not postings:
         return np.empty(0, np.int64), np.empty(0, np.float32)
     if hidden is not None and hidden.size and total:
         postings = without_hidden(postings, hidden, total, document_map(conn, cache))
     if len(postings) == 1:
         ids, weights = postings[0]
-        return ids.astype(np.int64), weights * np.float32(repeats[0]) if counts else weights.copy()
+        n = repeats[0]
+        return ids.astype(np.int64), weights * np.float32(n) if n != 1 else weights.copy()
     top = max(int(ids[-1]) for ids, _ in postings if ids.size) + 1
     acc = np.zeros(top, dtype=np.float32)
     for (ids, weights), n in zip(postings, repeats):
         acc[ids] += weights if n == 1 else weights * np.float32(n)
-    hit = np.flatnonzero(acc)
-    return hit.astype(np.int64), acc[hit]
+    hit = np.flatnonzero(acc > 0)  # weights are positive; a boolean scan is the fast one
+    return hit, acc[hit]
+
+
+# Below this many postings per accumulator slot a query is scored sparsely (touched slots
+# only); above it, a scan of the whole accumulator is cheaper than sorting the touched ids.
+SPARSE_FRACTION = 1 / 32
+
+
+def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict | None = None):
+    """``(chunk row ids, scores)`` of the chunks that can be in the top ``depth``: every chunk
+    whose score reaches the ``depth``-th best, so ties there are all kept, and scores exactly
+    as :func:`score` computes them. For a search with nothing hidden (no IDF to redo).
+
+    The cut is a lower bound on the ``depth``-th best score: a chunk's score is a sum of
+    positive weights, so it is at least its weight for any one term, and each term has
+    ``depth`` chunks at or above that term's ``depth``-th largest weight
+    (:meth:`Postings.kth`). See adr/0025-bm25-topk.md for the measurements.
+    """
+    postings, repeats = _query_postings(conn, query, cache)
+    if not postings:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    floor = max(p.kth(depth) * np.float32(n) for p, n in zip(postings, repeats))
+    if len(postings) == 1:
+        ids, weights = postings[0]
+        scores = weights * np.float32(repeats[0]) if repeats[0] != 1 else weights
+        if floor > 0:
+            keep = np.flatnonzero(scores >= floor)
+            return ids[keep].astype(np.int64), scores[keep]
+        return ids.astype(np.int64), scores.copy()
+    top = max(int(ids[-1]) for ids, _ in postings if ids.size) + 1
+    acc, mask = _buffers(cache, top)
+    acc = acc[:top]
+    try:
+        return _accumulate_and_cut(postings, repeats, floor, acc, mask[:top], top)
+    except BaseException:
+        acc.fill(0)  # the buffer is shared by the collection's later queries
+        raise
+
+
+def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
+    touched = sum(ids.size for ids, _ in postings)
+    for (ids, weights), n in zip(postings, repeats):  # the same sums, in the same order, as score()
+        acc[ids] += weights if n == 1 else weights * np.float32(n)
+    if touched < top * SPARSE_FRACTION:
+        every = np.concatenate([ids for ids, _ in postings])
+        reached = every[acc[every] >= floor] if floor > 0 else every
+        hit = np.unique(reached)
+        scores = acc[hit]
+        acc[every] = 0
+        return hit.astype(np.int64), scores
+    if floor > 0:
+        np.greater_equal(acc, floor, out=mask)
+    else:
+        np.greater(acc, 0, out=mask)
+    hit = np.flatnonzero(mask)
+    scores = acc[hit]
+    acc.fill(0)
+    return hit, scores
+
+
+def _buffers(cache: dict | None, size: int):
+    """A zeroed float accumulator and a boolean mask of at least ``size`` slots, kept with
+    the postings (callers hold the collection's lock) and left zeroed after each use."""
+    key = ("accumulator",)  # never a term: terms are strings
+    found = cache.get(key) if cache is not None else None
+    if found is None or found[0].size < size:
+        found = (np.zeros(size, dtype=np.float32), np.zeros(size, dtype=bool))
+        if cache is not None:
+            cache[key] = found
+    return found

@@ -67,13 +67,75 @@ def dense_unavailable_reason(collection) -> str | None:
     return None
 
 
+# Up to this depth the BM25 ranker reads the hits' whole rows with its one lookup by row id
+# (``RankedHits.rows``), so the search builds its hits without a second query. Deeper lists
+# (hybrid's candidates, eval) read only the chunk ids.
+PREFETCH_DEPTH = 64
+
+
+class RankedHits(list):
+    """A ranking ``[(chunk_id, score)]`` with the hit rows read along with it (``rows``, by
+    chunk id, in ``search.hit_rows``'s layout)."""
+
+    rows: dict = {}
+
+
 def bm25_ranked(collection, query, depth, allowed):
     """Top ``depth`` as ``[(chunk_id, score)]``; ties broken by chunk content hash."""
+    found = bm25_top_rows(collection, query, depth, allowed)
+    if found is None:
+        return _bm25_ranked_by_hash(collection, query, depth, allowed)
+    rows_ids, score_list = found
+    if not rows_ids:
+        return []
+    if depth <= PREFETCH_DEPTH:
+        from .search import hit_rows
+
+        rows = hit_rows(collection, "id", rows_ids)
+        by_id = {r[14]: r for r in rows}
+        out = RankedHits((by_id[i][0], s) for i, s in zip(rows_ids, score_list))
+        out.rows = {r[0]: r for r in rows}
+        return out
+    marks = ",".join("?" * len(rows_ids))
+    chunk_ids = dict(
+        collection.query(f"SELECT id, chunk_id FROM chunks WHERE id IN ({marks})", rows_ids)
+    )
+    return [(chunk_ids[i], s) for i, s in zip(rows_ids, score_list)]
+
+
+def bm25_top_rows(collection, query, depth, allowed):
+    """Top ``depth`` as ``([chunk row id], [score])`` in rank order, or None for a collection
+    written before the tie order was stored (see :func:`bm25_ranked`)."""
+    with collection._lock:
+        ranks = collection.tie_ranks()
+        if ranks is None:
+            return None
+        if allowed is None:
+            # Nothing hidden: only the chunks that can reach the top ``depth`` are scored.
+            ids, scores = bm25.top_candidates(collection._conn, query, depth,
+                                              collection.postings_cache)
+        else:
+            hidden = allowed.hidden
+            total = collection.chunk_total() if hidden is not None else None
+            ids, scores = bm25.score(collection._conn, query, collection.postings_cache,
+                                     hidden, total)
+    if allowed is not None and ids.size:
+        keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
+        ids, scores = ids[keep], scores[keep]
+    if ids.size > depth:
+        kth = np.partition(scores, ids.size - depth)[ids.size - depth]
+        sel = scores >= kth
+        ids, scores = ids[sel], scores[sel]
+    order = np.lexsort((ranks[ids], -scores))[:depth]
+    return ids[order].tolist(), scores[order].tolist()
+
+
+def _bm25_ranked_by_hash(collection, query, depth, allowed):
+    """Collections written before the tie order was stored: ties by the hashes looked up."""
     hidden = allowed.hidden if allowed is not None else None
     with collection._lock:
         total = collection.chunk_total() if hidden is not None else None
         ids, scores = bm25.score(collection._conn, query, collection.postings_cache, hidden, total)
-        ranks = collection.tie_ranks()
     if allowed is not None and ids.size:
         keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
         ids, scores = ids[keep], scores[keep]
@@ -83,16 +145,6 @@ def bm25_ranked(collection, query, depth, allowed):
         kth = np.partition(scores, ids.size - depth)[ids.size - depth]
         sel = scores >= kth
         ids, scores = ids[sel], scores[sel]
-    if ranks is not None:
-        order = np.lexsort((ranks[ids], -scores))[:depth]
-        ids, scores = ids[order], scores[order]
-        marks = ",".join("?" * ids.size)
-        chunk_ids = dict(
-            collection.query(f"SELECT id, chunk_id FROM chunks WHERE id IN ({marks})",
-                             [int(i) for i in ids])
-        )
-        return [(chunk_ids[int(i)], float(s)) for i, s in zip(ids, scores)]
-    # Collections written before the tie order was stored: look the hashes up.
     marks = ",".join("?" * ids.size)
     meta = dict(
         (r[0], (r[1], r[2]))

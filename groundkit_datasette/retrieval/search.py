@@ -11,7 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import DenseUnavailable, InvalidRequest, RerankNotConfigured, RerankerError
-from .models import MAX_OFFSET, MAX_TOP_K, SearchRequest, SearchResponse
+from .models import (
+    MAX_OFFSET, MAX_TOP_K, ComponentScore, DocumentGroup, Hit, SearchRequest, SearchResponse, built,
+)
 from .modes import HYBRID_DEPTH, RRF_K, fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
 from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (part of the API)
 
@@ -91,23 +93,35 @@ def _allowed(collection, request, access=None) -> Allowed | None:
     return Allowed(ids, sorted({r[1] for r in rows}), hidden=hidden_rows)
 
 
-def _hits(collection, ranked, components, first_rank: int = 1):
+# The columns of a hit, then the chunk's integer row id (index 14).
+_HIT_SQL = """SELECT c.chunk_id, c.document_id, d.source, d.title, c.start_offset, c.end_offset,
+                     c.line_start, c.line_end, c.page_start, c.page_end, c.heading, c.content,
+                     {stat}, c.id
+              FROM chunks c JOIN documents d USING (document_id) WHERE c.{key} IN ({marks})"""
+
+
+def hit_rows(collection, key: str, values: list) -> list[tuple]:
+    """The hit columns of the chunks whose ``key`` (``id``, the integer row id, or
+    ``chunk_id``) is one of ``values``: one SQL query."""
+    if not values:
+        return []
+    stat = "d.source_size, d.source_mtime_ns" if collection._has_stat else "NULL, NULL"
+    sql = _HIT_SQL.format(stat=stat, key="id" if key == "id" else "chunk_id",
+                          marks=",".join("?" * len(values)))
+    return collection.query(sql, values)
+
+
+def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None = None):
+    """Plain dicts, one per ranked chunk. ``rows``: hit rows the ranker already read
+    (``rankers.RankedHits``), by chunk id; only the others are looked up."""
     if not ranked:
         return []
     ids = [cid for cid, _ in ranked]
-    marks = ",".join("?" * len(ids))
-    stat = "d.source_size, d.source_mtime_ns" if collection._has_stat else "NULL, NULL"
-    rows = {
-        r[0]: r
-        for r in collection.query(
-            f"""SELECT c.chunk_id, c.document_id, d.source, d.title, c.start_offset, c.end_offset,
-                       c.line_start, c.line_end, c.page_start, c.page_end, c.heading, c.content,
-                       {stat}
-                FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id IN ({marks})""",
-            ids,
-        )
-    }
-    changed = _source_changed(collection, rows.values())
+    rows = dict(rows) if rows else {}
+    missing = [cid for cid in ids if cid not in rows]
+    for r in hit_rows(collection, "chunk_id", missing):
+        rows[r[0]] = r
+    changed = _source_changed(collection, [rows[cid] for cid in ids if cid in rows])
     hits = []
     for rank, (cid, score) in enumerate(ranked, first_rank):
         r = rows.get(cid)
@@ -157,10 +171,12 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     if request.rerank and collection.reranker is None:
         raise RerankNotConfigured("reranking was requested but no reranker is configured")
     depth = _ranking_depth(request, name)
-    # Plain dicts: SearchResponse validates every hit in one pass of pydantic-core.
     ctx = RankContext(collection, request, depth, _allowed(collection, request, access))
     ranked = mode.rank(ctx)
-    if mode not in BUILTIN_MODES:  # the built-in rankers filter before ranking
+    builtin = mode in BUILTIN_MODES
+    # Hit rows a built-in ranker read along with its ranking (one lookup by row id).
+    prefetched = getattr(ranked, "rows", None) if builtin else None
+    if not builtin:  # the built-in rankers filter before ranking
         ranked = _only_allowed(collection, ranked, ctx.allowed)
     ranked = ranked[:depth]
 
@@ -173,9 +189,10 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     more = len(ranked) > window and window <= MAX_OFFSET
     top_score = ranked[0][1] if ranked else None
     ranked = ranked[request.offset : window]
-    hits = _hits(collection, ranked, ctx.components, request.offset + 1)
+    hits = _hits(collection, ranked, ctx.components, request.offset + 1, prefetched)
+    groups = _groups(hits) if request.group_by_document else None
     ctx.timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
-    return SearchResponse(
+    return build_response(dict(
         collection=collection.name,
         mode=name,
         generation=collection.generation,
@@ -183,14 +200,32 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
         offset=request.offset,
         next_offset=window if more else None,
         top_score=top_score,
-        groups=_groups(hits) if request.group_by_document else None,
+        groups=groups,
         reranked=request.rerank,
         rerank_model=rerank_model,
         rerank_depth=rerank_depth,
         complete=ctx.complete,
         timings_ms=ctx.timings,
         hits=hits,
-    )
+    ), trusted=builtin)
+
+
+def build_response(fields: dict, *, trusted: bool) -> SearchResponse:
+    """The response model from ``fields`` (hits and groups as plain dicts).
+
+    ``trusted``: everything is the collection's own rows and our rankers' floats, so the
+    models are built without validating them again (adr/0025-bm25-topk.md); a plugin's
+    mode, whose scores and components could be anything, is validated.
+    """
+    if not trusted:
+        return SearchResponse(**fields)
+    hits = [built(Hit, dict(h, components={k: built(ComponentScore, v)
+                                            for k, v in h["components"].items()}))
+            for h in fields["hits"]]
+    groups = fields.get("groups")
+    if groups is not None:
+        groups = [built(DocumentGroup, g) for g in groups]
+    return built(SearchResponse, dict(fields, hits=hits, groups=groups))
 
 
 def _ranking_depth(request: SearchRequest, mode_name: str) -> int:

@@ -346,8 +346,10 @@ async def _search_context(datasette, request, ctx, response, arguments, status=N
         document = hit.title or hit.source
         hits.append({
             "hit": hit,
-            # Titled by the section: one document's hits differ by their headings.
-            "title": hit.heading or document,
+            # Titled by the section: one document's hits differ by their headings (a PDF's,
+            # which has none, by their pages).
+            "title": hit.heading or (f"{document}, {span_label('page', hit.page_start, hit.page_end)}"
+                                     if hit.page_start is not None else document),
             "document": document,
             "url": _chunk_url(datasette, collection, hit.chunk_id),
             "document_url": _document_url(datasette, collection, hit.document_id, hit.chunk_id),
@@ -388,7 +390,10 @@ async def _chunk_context(datasette, request, ctx, response, arguments, status=No
     v = response.verification
     own = _chunk_url(datasette, collection, chunk.chunk_id)
     context_before = v.context_before or ""
+    page_images, page_image_note = _page_images(datasette, collection, chunk, v)
     return {
+        "page_images": page_images,
+        "page_image_note": page_image_note,
         "chunk": chunk,
         "verification": v,
         "lines": span_label("line", chunk.line_start, chunk.line_end),
@@ -407,6 +412,29 @@ async def _chunk_context(datasette, request, ctx, response, arguments, status=No
         "document_page_url": _document_url(datasette, collection, chunk.document_id, chunk.chunk_id),
         "search_url": datasette.urls.path(_tool_named("search").path_for_html(collection=collection)),
     }
+
+
+def _page_images(datasette, collection: str, chunk, verification):
+    """The PDF pages a chunk page shows, or why it shows none: a page is drawn on only while
+    the source is the one ingest read (the image route checks again, by hash)."""
+    from ..retrieval.page_images import MAX_PAGES_SHOWN, cited_pages
+
+    pages = cited_pages(chunk)
+    if not pages:
+        return [], None
+    if verification.status != "verified":
+        return [], ("The page is not shown: the source file is not the one that was ingested "
+                    f"({verification.status}), so the cited offsets may point at other text.")
+    images = []
+    own = _chunk_url(datasette, collection, chunk.chunk_id)
+    for n in pages:
+        images.append({"page": n, "url": f"{own}/pages/{n}.png",
+                       "alt": f"Page {n} of {chunk.source}, the cited text highlighted"})
+    last = chunk.page_end or chunk.page_start
+    more = last - pages[-1]
+    note = (f"The first {MAX_PAGES_SHOWN} of the cited pages are shown ({more} more)."
+            if more > 0 else None)
+    return images, note
 
 
 def _document_url(datasette, collection: str, document_id: str, chunk_id: str | None = None) -> str:

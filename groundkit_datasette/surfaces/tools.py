@@ -32,6 +32,27 @@ _PARAM = re.compile(r"\{(\w+)\}")
 
 
 @dataclass(frozen=True)
+class PageAsset:
+    """A file one tool's page shows (a PDF page image on the chunk page), served beside the
+    page under its own route. Not an operation: it has no JSON or MCP form, but it is listed
+    in the table so that every route the plugin serves is (adr/0025)."""
+
+    route: str
+    view: Callable[["Tool"], Callable]
+    # ``{param}`` -> the regex it must match (default: one path segment).
+    patterns: tuple[tuple[str, str], ...] = ()
+
+    def regex(self) -> str:
+        patterns = dict(self.patterns)
+        out, pos = "^", 0
+        for m in _PARAM.finditer(self.route):
+            pattern = patterns.get(m.group(1), "[^/]+?")
+            out += re.escape(self.route[pos : m.start()]) + f"(?P<{m.group(1)}>{pattern})"
+            pos = m.end()
+        return out + re.escape(self.route[pos:]) + "$"
+
+
+@dataclass(frozen=True)
 class Tool:
     name: str
     summary: str
@@ -45,6 +66,7 @@ class Tool:
     # Read-only is a type, not a flag: the table refuses any other value.
     read_only: Literal[True] = True
     template: str | None = None
+    page_assets: tuple[PageAsset, ...] = ()
     path_params: tuple[str, ...] = field(init=False, default=())
 
     def __post_init__(self):
@@ -79,6 +101,17 @@ class Tool:
 
 
 # -- the built-in operations --------------------------------------------------
+
+
+def _page_image_view(tool):
+    from .page_images import page_image_view
+
+    return page_image_view(tool)
+
+
+# The page image of a PDF citation (surfaces/page_images.py; the view checks the page number).
+PAGE_IMAGE = PageAsset("/{collection}/-/groundkit/chunks/{chunk_id}/pages/{page}.png",
+                       _page_image_view)
 
 
 async def _list_collections(ctx, collection, request):
@@ -166,6 +199,7 @@ BUILTIN_TOOLS = (
         json_route="/{collection}/-/groundkit/chunks/{chunk_id}.json",
         html_route="/{collection}/-/groundkit/chunks/{chunk_id}",
         template="groundkit_chunk.html",
+        page_assets=(PAGE_IMAGE,),
     ),
     Tool(
         name="fetch_document",
@@ -210,7 +244,7 @@ def all_tools() -> tuple[Tool, ...]:
     pm.hook.register_tools(register=register)
     seen_names, seen_routes = set(), set()
     for tool in tools:
-        routes = {tool.json_route, tool.html_route} - {None}
+        routes = {tool.json_route, tool.html_route, *(a.route for a in tool.page_assets)} - {None}
         if tool.name in seen_names or routes & seen_routes:
             raise ValueError(f"tool {tool.name!r} duplicates a name or route already in the table")
         seen_names.add(tool.name)
