@@ -10,7 +10,7 @@ PORT ?= 8001
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,cluster]'
 	touch $@
 
 ingest-demo: $(BIN)/.installed

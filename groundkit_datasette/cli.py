@@ -138,9 +138,13 @@ class _Progress:
                    "generation per batch, deleted files removed) until Ctrl-C or SIGTERM.")
 @click.option("--debounce", default=300, show_default=True, type=click.IntRange(10, 60000),
               metavar="MS", help="With --watch: quiet time in milliseconds before a batch runs.")
+@click.option("--cluster", metavar="ADDRESS",
+              help="Extract, chunk and embed on this Dask scheduler's workers (tcp://HOST:PORT); "
+                   "this machine still writes and publishes. Needs groundkit-datasette[cluster] "
+                   "(docs/scaling.md).")
 @click.pass_context
 def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_option, chunk_size,
-           chunk_overlap, exclude, group_readable, list_all, as_json, watch, debounce):
+           chunk_overlap, exclude, group_readable, list_all, as_json, watch, debounce, cluster):
     """Ingest files and directories into a collection (incremental).
 
     Exits 0 when every file was ingested or skipped, 1 when some files failed (the rest are
@@ -157,7 +161,12 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
             f"--chunk-overlap must be at least 0 and less than half of --chunk-size ({chunk_size})"
         )
     options = _key_values(embedder_option, "--embedder-option")
+    stage = None
     try:
+        if cluster:
+            from .collection.cluster import ClusterMap
+
+            stage = ClusterMap(cluster)
         indexer = Indexer(
             collection,
             index_dir=index_dir,
@@ -169,6 +178,7 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
             exclude=exclude,
             progress=None if watch else _Progress(),
             group_readable=group_readable,
+            map_stage=stage,
         )
         if watch:
             _watch(indexer, paths, debounce, as_json)
@@ -176,6 +186,9 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
         report = indexer.ingest(paths)
     except GroundkitError as error:
         _fail(error, EXIT_USAGE)  # refused before publishing: nothing was written
+    finally:
+        if stage is not None:
+            stage.close()
     path = Path(index_dir) / f"{indexer.name}.sqlite3"
     if as_json:
         summary = report.as_dict()

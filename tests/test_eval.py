@@ -238,6 +238,7 @@ def test_eval_takes_several_data_sets_in_one_command_and_records_settings(tmp_pa
         assert recorded["bm25"] == bm25.settings()
         assert recorded["chunker"] == {"chunk_size": 1000, "chunk_overlap": 100}
         assert recorded["embedder"] == "none" and recorded["depth"] == 100
+        assert recorded["fusion"] == {"method": "rrf", "k": 60, "depth": 100}
     # The JSON form holds every report.
     again = CliRunner().invoke(cli, ["eval", str(first), str(second), "--index-dir", str(index),
                                      "--runs-db", str(runs), "--json"])

@@ -22,14 +22,18 @@ def test_markdown_syntax_is_dropped_and_every_word_kept():
     assert plain_text("# not a heading\n- still text", "notes/a.txt") == "# not a heading\n- still text"
 
 
-def _hit(score, components):
-    return SimpleNamespace(score=score, components=components)
+def _hit(score, components, matched=("storage",)):
+    return SimpleNamespace(score=score, components=components, matched_terms=list(matched))
 
 
 def test_weak_means_no_keyword_match_or_far_below_the_best():
     hybrid = SimpleNamespace(mode="hybrid", reranked=False, top_score=0.03)
-    assert weak_reason(_hit(0.01, {"dense": {}}), hybrid) == "no keyword match"
+    assert weak_reason(_hit(0.01, {"dense": {}}, matched=()), hybrid) == "no keyword match"
     assert weak_reason(_hit(0.01, {"dense": {}, "bm25": {}}), hybrid) is None
+    # A dense hit holding a query word is a keyword match too, though no BM25 list ranked it.
+    dense = SimpleNamespace(mode="dense", reranked=False, top_score=0.9)
+    assert weak_reason(_hit(0.5, {"dense": {}}), dense) is None
+    assert weak_reason(_hit(0.5, {"dense": {}}, matched=()), dense) == "no keyword match"
     bm25 = SimpleNamespace(mode="bm25", reranked=False, top_score=8.0)
     assert weak_reason(_hit(8.0 * WEAK_SCORE_RATIO * 0.9, {"bm25": {}}), bm25)
     assert weak_reason(_hit(8.0 * WEAK_SCORE_RATIO * 1.1, {"bm25": {}}), bm25) is None

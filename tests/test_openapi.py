@@ -157,7 +157,7 @@ async def test_get_query_parameters_are_documented_as_the_request_fields(collect
     params = {p["name"]: p for p in doc["paths"]["/{collection}/-/groundkit/search.json"]
               ["get"]["parameters"]}
     assert set(params) == {"query", "mode", "top_k", "rerank", "source", "document_id", "vector",
-                           "offset", "group_by_document"}
+                           "offset", "group_by_document", "min_score"}
     assert params["query"]["required"] is True and params["top_k"]["required"] is False
     assert params["vector"]["explode"] is True and params["top_k"]["schema"]["maximum"] == 50
     chunk = doc["paths"]["/{collection}/-/groundkit/chunks/{chunk_id}.json"]["get"]

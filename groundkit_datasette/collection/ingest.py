@@ -136,6 +136,72 @@ class _Prepared:
     # The file's size and mtime when read: a hit whose file differs now says source_changed.
     size: int | None = None
     mtime_ns: int | None = None
+    # Vectors of the chunks the collection lacks, when the map stage embedded them (a cluster).
+    vectors: dict | None = None
+
+
+@dataclass
+class _Job:
+    """One file in walk order, read and compared with the collection before any work is done."""
+    source: str
+    data: bytes | None  # None once sent to a cluster, or when no work is needed
+    file_hash: str | None = None
+    acl: str | None = None
+    prior: tuple | None = None
+    size: int | None = None
+    mtime_ns: int | None = None
+    work: bool = False  # extraction, chunking and embedding needed
+    unreadable: bool = False
+
+
+@dataclass
+class Outcome:
+    """A file the map stage did not turn into a document: skipped, or failed (a safe reason)."""
+    skipped: bool
+    reason: str
+
+
+def prepare_document(job: _Job, chunk_size: int, chunk_overlap: int) -> "_Prepared | Outcome":
+    try:
+        extracted = extract_bytes(job.data, Path(job.source).suffix)
+    except Skipped as skip:
+        return Outcome(True, skip.reason)
+    except Exception as exc:
+        log.error("extraction failed for %s: %s", job.source, type(exc).__name__)
+        return Outcome(False, "extraction failed")
+    chunks = chunk_text(
+        extracted.text,
+        source_class=extracted.source_class,
+        chunk_size=chunk_size,
+        chunk_overlap=chunk_overlap,
+    )
+    document_id = document_id_for(job.source)
+    return _Prepared(
+        source=job.source,
+        document_id=document_id,
+        file_hash=job.file_hash,
+        extracted=extracted,
+        chunks=chunks,
+        chunk_ids=chunk_ids_for(document_id, chunks),
+        is_new=job.prior is None,
+        acl=job.acl,
+        size=job.size,
+        mtime_ns=job.mtime_ns,
+    )
+
+
+def local_map(jobs, indexer, vectors):
+    """The map stage in this process: each job's document, lazily and in order."""
+    for job in jobs:
+        yield job, (indexer.prepare(job) if job.work else None)
+
+
+def _vectors_for(embedder, pending, ids, texts):
+    """The vectors for ``ids``: as the map stage computed them, else from ``embedder`` now."""
+    if pending and all(p.vectors is not None for p in pending):
+        given = {cid: vec for p in pending for cid, vec in p.vectors.items()}
+        return [given[cid] for cid in ids]
+    return embedder.embed(texts) if texts else []
 
 
 def _sha(data: bytes | str) -> str:
@@ -200,8 +266,12 @@ class Indexer:
         progress: Callable[[dict], None] | None = None,
         ann_threshold: int | None = None,
         group_readable: bool | None = None,
+        map_stage: Callable | None = None,
     ):
         self.name = validate_name(name)
+        # Turns files to (re)process into documents, in order: here (below), or on a cluster
+        # (collection/cluster.py).
+        self.map_stage = map_stage or local_map
         self.index_dir = Path(index_dir)
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.embedder_name = embedder
@@ -530,7 +600,7 @@ class Indexer:
                             ids.append(cid)
                             texts.append(embedding_text(ch.heading, ch.text))
                 try:
-                    embedded = embedder.embed(texts) if texts else []
+                    embedded = _vectors_for(embedder, pending, ids, texts)
                 except Exception as exc:  # the whole batch keeps its previous state
                     for p in pending:
                         report.failed += 1
@@ -560,72 +630,39 @@ class Indexer:
                   if r not in gone and not any(p in dir_roots for p in r.parents)]
         files = list({item[0]: item for root in walked for item in self._walk(base, root, report)}.values())
         self.progress({"event": "start", "total": len(files)})
-        for done, (source, real) in enumerate(files, 1):
-            seen.add(source)
-            self.progress({"event": "file", "source": source, "done": done, "total": len(files)})
-            try:
-                data = real.read_bytes()
-            except OSError as exc:
-                report.skip(source, "unreadable")
-                log.warning("cannot read %s: %s", source, exc.strerror)
+        jobs = self._jobs(files, seen, existing, acls, rechunk, generation, report)
+        for job, result in self.map_stage(jobs, self, vectors):
+            if job.unreadable:
+                report.skip(job.source, "unreadable")
                 continue
-            file_hash = _sha(data)
-            try:
-                info = real.stat()
-                size, mtime_ns = info.st_size, info.st_mtime_ns
-            except OSError:
-                size = mtime_ns = None
-            acl = acls.for_document(source, data)
-            prior = existing.get(source)
-            if prior and not rechunk and prior[1] == file_hash:
-                if (prior[5], prior[6]) != (size, mtime_ns):
+            prior = job.prior
+            if not job.work:
+                if (prior[5], prior[6]) != (job.size, job.mtime_ns):
                     # Same bytes, new size/mtime record (touched, or an older collection):
                     # refreshed, so its hits do not say source_changed for ever.
                     conn.execute(
                         "UPDATE documents SET source_size = ?, source_mtime_ns = ? "
-                        "WHERE document_id = ?", (size, mtime_ns, prior[0]))
+                        "WHERE document_id = ?", (job.size, job.mtime_ns, prior[0]))
                     changed = True
-                if prior[4] == acl:
+                if prior[4] == job.acl:
                     report.unchanged += 1
                 else:  # only its access list changed: no re-chunking, no re-embedding
                     conn.execute(
                         "UPDATE documents SET acl = ?, generation = ? WHERE document_id = ?",
-                        (acl, generation, prior[0]),
+                        (job.acl, generation, prior[0]),
                     )
                     report.updated += 1
                     changed = True
                 continue
-            try:
-                extracted = extract_bytes(data, Path(source).suffix)
-            except Skipped as skip:
-                report.skip(source, skip.reason)
+            if isinstance(result, Outcome):
+                if result.skipped:
+                    report.skip(job.source, result.reason)
+                else:
+                    report.failed += 1
+                    report.failed_files.append((job.source, result.reason))
                 continue
-            except Exception as exc:
-                report.failed += 1
-                report.failed_files.append((source, "extraction failed"))
-                log.error("extraction failed for %s: %s", source, type(exc).__name__)
-                continue
-            chunks = chunk_text(
-                extracted.text,
-                source_class=extracted.source_class,
-                chunk_size=self.chunk_size,
-                chunk_overlap=self.chunk_overlap,
-            )
-            document_id = document_id_for(source)
-            prep = _Prepared(
-                source=source,
-                document_id=document_id,
-                file_hash=file_hash,
-                extracted=extracted,
-                chunks=chunks,
-                chunk_ids=chunk_ids_for(document_id, chunks),
-                is_new=prior is None,
-                acl=acl,
-                size=size,
-                mtime_ns=mtime_ns,
-            )
-            pending.append(prep)
-            pending_new_chunks += len(chunks)
+            pending.append(result)
+            pending_new_chunks += len(result.chunks)
             if pending_new_chunks >= EMBED_BATCH_CHUNKS:
                 flush()
         flush()
@@ -661,6 +698,33 @@ class Indexer:
             self._write_manifest(conn, manifest, embedder, chunker, generation, base, report)
         report.generation = generation if changed else int(manifest.get("generation", "0"))
         return changed, vectors
+
+    def _jobs(self, files, seen, existing, acls, rechunk, generation, report):
+        """Each file in walk order, read, hashed and compared with the collection: an unchanged
+        file is marked before any work is done on it, here or on a cluster."""
+        for done, (source, real) in enumerate(files, 1):
+            seen.add(source)
+            self.progress({"event": "file", "source": source, "done": done, "total": len(files)})
+            try:
+                data = real.read_bytes()
+            except OSError as exc:
+                log.warning("cannot read %s: %s", source, exc.strerror)
+                yield _Job(source, None, unreadable=True)
+                continue
+            file_hash = _sha(data)
+            try:
+                info = real.stat()
+                size, mtime_ns = info.st_size, info.st_mtime_ns
+            except OSError:
+                size = mtime_ns = None
+            acl = acls.for_document(source, data)
+            prior = existing.get(source)
+            work = not (prior and not rechunk and prior[1] == file_hash)
+            yield _Job(source, data if work else None, file_hash, acl, prior, size, mtime_ns, work)
+
+    def prepare(self, job: "_Job") -> "_Prepared | Outcome":
+        """Extract and chunk one file (the local map stage; cluster workers call the same)."""
+        return prepare_document(job, self.chunk_size, self.chunk_overlap)
 
     def _restore_missing_vectors(self, conn, embedder, vectors, report: IngestReport) -> bool:
         """Embed every chunk that has no vector, so a publish never leaves chunks without one.

@@ -5,6 +5,7 @@ when access lists hide chunks.
 
 import sqlite3
 from collections import Counter
+from functools import lru_cache
 
 import numpy as np
 
@@ -134,18 +135,7 @@ def _query_postings(conn, query: str, cache: dict | None):
     # A word the query repeats counts as often as it is repeated (as in Lucene and bm25s):
     # in a long, natural-language query the repeated words carry the topic.
     counts = Counter(tokens) if len(terms) < len(tokens) else None
-    if cache is None:
-        resolved = _fetch(conn, terms)
-    else:
-        missing = [t for t in terms if t not in cache]
-        if missing:
-            found = _fetch(conn, missing)
-            if len(cache) > POSTINGS_CACHE_TERMS:
-                kept = {t: cache[t] for t in terms if t in cache}
-                cache.clear()
-                cache.update(kept)
-            cache.update(found)
-        resolved = cache
+    resolved = _postings_of(conn, terms, cache)
     present = [t for t in terms if resolved[t] is not None]
     return [resolved[t] for t in present], [counts[t] for t in present] if counts else [1] * len(present)
 
@@ -241,3 +231,73 @@ def _buffers(cache: dict | None, size: int):
         if cache is not None:
             cache[key] = found
     return found
+
+
+# -- which query words a chunk holds (matched_terms, lexical_match) -------------------
+
+
+@lru_cache(maxsize=256)  # a search asks twice (matched_terms, term_rows); pages repeat queries
+def query_words(query: str) -> tuple[tuple[str, str], ...]:
+    """``(word, term)`` for each indexed token of ``query``, in query order: the terms
+    :func:`tokenize` gives, each beside the lower-cased word it came from (a CJK run gives
+    its bigrams, each its own word). Stop words have no term and are left out."""
+    from ..collection.terms import _CJK_CHAR, _TOKEN, _stemmer, cjk_bigrams
+
+    out = []
+    for token in _TOKEN.findall(query.lower()):
+        if _CJK_CHAR.match(token):
+            out += [(b, b) for b in cjk_bigrams(token)]
+        elif token not in STOP_WORDS:
+            out.append((token, _stemmer.stemWord(token)))
+    return tuple(out)
+
+
+def _postings_of(conn: sqlite3.Connection, terms: list[str], cache: dict | None) -> dict:
+    """``{term: Postings or None}``, through the open collection's postings cache (kept to
+    ``POSTINGS_CACHE_TERMS``)."""
+    if cache is None:
+        return _fetch(conn, terms)
+    missing = [t for t in terms if t not in cache]
+    if missing:
+        found = _fetch(conn, missing)
+        if len(cache) > POSTINGS_CACHE_TERMS:
+            kept = {t: cache[t] for t in terms if t in cache}
+            cache.clear()
+            cache.update(kept)
+        cache.update(found)
+    return {t: cache[t] for t in terms}
+
+
+def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | None = None):
+    """For each chunk row id, the words of ``query`` (lower-cased, as typed, each once, in
+    query order) whose term the chunk's indexed text holds: what BM25 matches there, for a
+    hit of any mode.
+
+    One lookup for all terms at once: each term's postings (row ids ascending, as
+    ``rebuild_postings`` writes them) keyed by ``term index << 32 | row id`` are in ascending
+    order together, so a single ``searchsorted`` answers every (term, hit) pair."""
+    words = query_words(query)
+    rows = np.asarray(list(row_ids), dtype=np.int64)
+    if not words or not rows.size:
+        return [[] for _ in range(rows.size)]
+    postings = _postings_of(conn, sorted({t for _, t in words}), cache)
+    terms = [t for t, found in postings.items() if found is not None and found.ids.size]
+    if not terms:
+        return [[] for _ in range(rows.size)]
+    arrays = [postings[t].ids for t in terms]
+    sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
+    keys = np.concatenate(arrays).astype(np.int64)
+    keys += np.repeat(np.arange(len(terms), dtype=np.int64) << 32, sizes)
+    wanted = ((np.arange(len(terms), dtype=np.int64) << 32)[:, None] + rows[None, :]).ravel()
+    at = np.minimum(keys.searchsorted(wanted), keys.size - 1)
+    holds = dict(zip(terms, (keys[at] == wanted).reshape(len(terms), rows.size).tolist()))
+    pairs = [(w, holds[t]) for w, t in dict(words).items() if t in holds]
+    return [[w for w, held in pairs if held[i]] for i in range(rows.size)]
+
+
+def term_rows(conn: sqlite3.Connection, query: str, cache: dict | None = None) -> list[np.ndarray]:
+    """The chunk row ids holding each of ``query``'s terms (empty list: no term is indexed)."""
+    terms = sorted({t for _, t in query_words(query)})
+    if not terms:
+        return []
+    return [found.ids for found in _postings_of(conn, terms, cache).values() if found is not None]

@@ -415,8 +415,12 @@ def run_settings(manifest: dict, depth: int, rerank: bool, reranker) -> dict:
         except (KeyError, TypeError, ValueError):
             return manifest.get(key)
 
+    from .modes import HYBRID_DEPTH, RRF_K
+
     return {
         "chunker": parsed("chunker"),
+        # How hybrid fuses (issue 15 compares fusions by this record).
+        "fusion": {"method": "rrf", "k": RRF_K, "depth": HYBRID_DEPTH},
         "bm25": parsed("bm25"),
         "embedder": manifest.get("embedder") or "none",
         "embedding_model": manifest.get("embedding_model"),

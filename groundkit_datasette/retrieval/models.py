@@ -65,11 +65,25 @@ class SearchRequest(Request):
         description="Also return the page's hits grouped by document (groups), each document in "
         "the order of its best hit.",
     )
+    min_score: float | None = Field(
+        default=None,
+        description="Drop hits scoring under this floor, in the mode's own terms: the BM25 score "
+        "(bm25), the cosine similarity, -1 to 1 (dense); hybrid keeps a hit that matched a query "
+        "word by BM25 (a bm25 component) or whose dense cosine is at least min_score. Applied "
+        "before reranking and paging.",
+    )
     vector: list[float] | None = Field(
         default=None,
         max_length=MAX_VECTOR_DIMS,
         description="A query embedding computed by the caller, of the collection's dimensions.",
     )
+
+    @field_validator("min_score")
+    @classmethod
+    def _finite_floor(cls, v):
+        if v is not None and not math.isfinite(v):
+            raise ValueError("min_score must be a finite number")
+        return v
 
     @field_validator("vector")
     @classmethod
@@ -146,6 +160,11 @@ class Hit(Citation):
         default=None,
         description="True when the source file's size or mtime differs from ingest's record (the "
                     "hit's text may be stale: fetch_chunk verifies it); null when not recorded.")
+    matched_terms: list[str] = Field(
+        default_factory=list,
+        description="The query's words (lower-cased, each once, in query order) that occur in "
+                    "this chunk's indexed text as BM25 matches them (same stem); empty when the "
+                    "hit is only semantically near, whatever the mode.")
 
 
 class DocumentGroup(Response):
@@ -221,6 +240,13 @@ class SearchResponse(Response):
     rerank_model: str | None = None
     rerank_depth: int | None = None
     complete: bool = True
+    lexical_match: bool = Field(
+        default=True,
+        description="False when no chunk this search may return contains any of the query's "
+                    "words (after stemming; stop words aside): dense and hybrid hits are then "
+                    "only semantically near, and BM25 finds nothing.")
+    note: str | None = Field(
+        default=None, description="A sentence for the reader when lexical_match is false.")
     timings_ms: dict[str, float] = Field(default_factory=dict)
     hits: list[Hit]
 

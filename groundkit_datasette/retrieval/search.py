@@ -138,6 +138,7 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
                 page_start=r[8], page_end=r[9], heading=r[10], content=r[11],
                 components=components.get(cid, {}),
                 source_changed=changed[r[1]],
+                _row=r[14],  # the chunk's row id, for matched_terms (not a Hit field)
             )
         )
     return hits
@@ -179,6 +180,8 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     if not builtin:  # the built-in rankers filter before ranking
         ranked = _only_allowed(collection, ranked, ctx.allowed)
     ranked = ranked[:depth]
+    if request.min_score is not None:
+        ranked = _above_floor(name, ranked, ctx.components, request.min_score)
 
     rerank_model = rerank_depth = None
     if request.rerank:
@@ -190,6 +193,7 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     top_score = ranked[0][1] if ranked else None
     ranked = ranked[request.offset : window]
     hits = _hits(collection, ranked, ctx.components, request.offset + 1, prefetched)
+    lexical = _add_matches(collection, request.query, hits, ctx.allowed)
     groups = _groups(hits) if request.group_by_document else None
     ctx.timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
     return build_response(dict(
@@ -205,6 +209,8 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
         rerank_model=rerank_model,
         rerank_depth=rerank_depth,
         complete=ctx.complete,
+        lexical_match=lexical,
+        note=None if lexical else NO_LEXICAL_MATCH,
         timings_ms=ctx.timings,
         hits=hits,
     ), trusted=builtin)
@@ -246,6 +252,8 @@ def _ranking_depth(request: SearchRequest, mode_name: str) -> int:
     if mode_name == "hybrid":
         if window > HYBRID_DEPTH:
             raise InvalidRequest(f"offset: hybrid pages end at hit {HYBRID_DEPTH} (offset + top_k)")
+        if request.min_score is not None:  # the floor may drop any of them: fuse them all
+            return HYBRID_DEPTH
         return min(window + 1, HYBRID_DEPTH)
     return window + 1
 
@@ -305,3 +313,45 @@ def _rerank(collection, query, ranked, components):
         components.setdefault(ids[i], {})["rerank"] = {"score": float(scores[i])}
         out.append((ids[i], float(scores[i])))
     return out, reranker.model_name, len(ids)
+
+
+# -- how well the hits match (matched_terms, lexical_match, min_score) ---------------
+
+NO_LEXICAL_MATCH = ("No chunk you can read contains any of the query's words: these hits are only "
+                    "semantically near the query and may not be about it.")
+
+
+def _above_floor(mode_name: str, ranked, components, floor: float):
+    """``ranked`` without the hits under ``min_score`` (its meaning per mode in docs/api.md).
+
+    Hybrid's fused score is a rank statistic with no scale a caller could choose a floor on,
+    so there the floor is the dense cosine's, and a hit BM25 ranked passes it."""
+    if mode_name != "hybrid":
+        return [(cid, s) for cid, s in ranked if s >= floor]
+    out = []
+    for cid, s in ranked:
+        parts = components.get(cid, {})
+        dense = parts.get("dense")
+        if "bm25" in parts or (dense is not None and dense["score"] >= floor):
+            out.append((cid, s))
+    return out
+
+
+def _add_matches(collection, query: str, hits: list[dict], allowed) -> bool:
+    """Set each hit's ``matched_terms``; return whether any chunk the search may return
+    contains a query word (``lexical_match``), looked up only when no hit does."""
+    from . import bm25
+
+    if hits:
+        with collection._lock:
+            matched = bm25.matched_terms(collection._conn, query, [h.pop("_row") for h in hits],
+                                         collection.postings_cache)
+        for hit, words in zip(hits, matched):
+            hit["matched_terms"] = words
+        if any(matched):
+            return True
+    with collection._lock:
+        rows = bm25.term_rows(collection._conn, query, collection.postings_cache)
+    if allowed is None:
+        return any(r.size for r in rows)
+    return any(r.size and allowed.mask(r.astype(np.int64)).any() for r in rows)

@@ -122,6 +122,8 @@ def render_text(tool: Tool, data: dict) -> str:
             f"{len(hits)} hit(s) in {data.get('collection')} "
             f"(mode {data.get('mode')}, generation {data.get('generation')})"
         ]
+        if data.get("note"):
+            lines.append(f"Note: {data['note']}")
         for hit in hits:
             lines.append(
                 f"{hit['rank']}. {hit['source']}:{hit['line_start']}-{hit['line_end']}"
@@ -129,6 +131,8 @@ def render_text(tool: Tool, data: dict) -> str:
             )
             if hit.get("heading"):
                 lines.append(f"   {hit['heading']}")
+            if "matched_terms" in hit:
+                lines.append("   matched: " + (", ".join(hit["matched_terms"]) or "no query word"))
             lines.append(f"   {_snippet(hit['content'])}")
         return "\n".join(lines)
     return json.dumps(data, indent=2, ensure_ascii=False)

@@ -20,7 +20,8 @@ from .service import ToolContext, call_tool
 from .tools import BUILTIN_TOOLS, Tool, all_tools
 
 _FORM_FIELDS = {"q": "query", "mode": "mode", "top_k": "top_k", "rerank": "rerank",
-                "source": "source", "offset": "offset", "group": "group_by_document"}
+                "source": "source", "offset": "offset", "group": "group_by_document",
+                "min_score": "min_score"}
 _FORM_FLAGS = ("rerank", "group_by_document")
 SNIPPET_CHARS = 360
 _STATIC_DIR = Path(__file__).parent.parent / "plugin" / "static"
@@ -200,9 +201,9 @@ WEAK_SCORE_RATIO = 0.25
 
 def weak_reason(hit, response) -> str | None:
     """Why a hit is a weak match, or None. Two rules, documented in docs/api.md:
-    a fused or dense hit no keyword list found (no ``bm25`` component), or, in BM25
-    without reranking, a score under WEAK_SCORE_RATIO of the ranking's first hit."""
-    if response.mode != "bm25" and "bm25" not in hit.components:
+    a fused or dense hit holding none of the query's words (empty ``matched_terms``), or,
+    in BM25 without reranking, a score under WEAK_SCORE_RATIO of the ranking's first hit."""
+    if response.mode != "bm25" and not hit.matched_terms:
         return "no keyword match"
     if (response.mode == "bm25" and not response.reranked and response.top_score
             and hit.score < WEAK_SCORE_RATIO * response.top_score):
@@ -280,6 +281,7 @@ def _search_form(datasette, collection: str, status, arguments: dict, response, 
         "source": arguments.get("source", ""),
         "rerank": bool(arguments.get("rerank")),
         "group": group,
+        "min_score": arguments.get("min_score", ""),
         "rerank_available": reranker,
         "rerank_reason": None if reranker else NO_RERANKER,
     }
