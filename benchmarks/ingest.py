@@ -8,7 +8,20 @@
    package, offline, PyTorch fp32). The embedding comparison at equal maximum
    lengths is benchmarks/embed.py.
 
+3. With --debian (issue 14): the Debian documentation corpus (benchmarks/debian_corpus.py,
+   ~268k chunks), each figure against the code before issue 14 (commit BASELINE_COMMIT,
+   extracted with git archive) in the same run, every side in a fresh process:
+   a. peak RSS of a fresh BM25-only ingest (target <= 400 MB);
+   b. the postings rebuild alone on copies of one collection (peak RSS, seconds, and
+      whether the two store identical bm25_postings rows);
+   c. with --incremental-from DIR (a copy of a vector collection such as
+      /var/tmp/gk-debian-syn, built with the synthetic embedder): one file edited and
+      ingested (target < 5 s, vectors included), plus the real default embedder's time
+      for the edited file's chunks, and how the frozen BM25 statistics move the answers.
+
     python benchmarks/ingest.py [--repeats 3]
+    nice -n 5 python benchmarks/ingest.py --debian --work /var/tmp/gk-ingest \
+        --incremental-from /var/tmp/gk-debian-syn
 """
 
 from __future__ import annotations
@@ -22,7 +35,14 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
 
+# The code the issue 14 figures are compared with (before the streamed/incremental postings).
+BASELINE_COMMIT = "f3d3092"
+
 import argparse
+import hashlib
+import json
+import sqlite3
+import subprocess
 import importlib.util
 import shutil
 import statistics
@@ -31,6 +51,9 @@ import time
 from pathlib import Path
 
 from benchmarks import _common as c  # noqa: E402
+
+if os.environ.get("GK_BENCH_CODE"):  # a worker running the baseline tree (after _common's path)
+    sys.path.insert(0, os.environ["GK_BENCH_CODE"])
 
 
 def reference_model_dir() -> Path:
@@ -71,17 +94,275 @@ def bm25s_rate(texts: list[str], repeats: int) -> float:
     return statistics.median(rates)
 
 
+# -- issue 14: memory and incremental ingest at 268k chunks ------------------------------
+
+def _debian_files() -> list[Path]:
+    from benchmarks import debian_corpus as d
+
+    return d.round_robin([d.package_files(p) for p in d.PACKAGES], None)
+
+
+def _worker(args) -> dict:
+    """One measurement in this fresh process; the parent reads the JSON it prints."""
+    import resource
+
+    from groundkit_datasette.collection import terms
+    from groundkit_datasette.collection.ingest import Indexer
+
+    kind = args[0]
+    if kind == "ingest-debian":
+        marks = {}
+
+        def progress(event):
+            if event["event"] == "postings":
+                marks["postings"] = time.perf_counter()
+
+        t = time.perf_counter()
+        report = Indexer("debian-docs", index_dir=args[1], base_dir="/usr/share/doc", embedder="none",
+                         progress=progress).ingest(_debian_files())
+        end = time.perf_counter()
+        return {"seconds": end - t, "postings_seconds": end - marks.get("postings", end),
+                "chunks": report.chunks_written, "peak_rss_mb": c.peak_rss_mb()}
+    if kind == "rebuild":
+        conn = sqlite3.connect(args[1])
+        conn.execute("PRAGMA synchronous = OFF")
+        before = c.peak_rss_mb()
+        t = time.perf_counter()
+        with conn:
+            terms.rebuild_postings(conn)
+        return {"seconds": time.perf_counter() - t, "peak_rss_mb": c.peak_rss_mb(), "rss_before_mb": before}
+    if kind == "edit":
+        from benchmarks import _synthetic
+
+        _synthetic.register()
+        index_dir, base, path = args[1:4]
+        indexer = Indexer("debian-docs", index_dir=index_dir, base_dir=base)
+        t, c0 = time.perf_counter(), time.process_time()
+        report = indexer.ingest([path])
+        return {"seconds": time.perf_counter() - t, "ingest_cpu_seconds": time.process_time() - c0,
+                "published": report.published,
+                "updated": report.updated, "chunks_embedded": report.chunks_embedded,
+                "postings": "rebuilt" if getattr(indexer, "postings_rebuilt", True) else "updated",
+                "ann": getattr(indexer, "ann_action", "-"),
+                "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    raise SystemExit(f"unknown worker {kind}")
+
+
+def _baseline_code(work: Path) -> Path:
+    """The package as it was at BASELINE_COMMIT, extracted beside the work files."""
+    target = work / f"baseline-{BASELINE_COMMIT}"
+    if not (target / "groundkit_datasette").is_dir():
+        target.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", os.path.dirname(_HERE), "archive", BASELINE_COMMIT,
+                                  "groundkit_datasette"], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(target)], input=archive, check=True)
+    return target
+
+
+def _run(side: str, work: Path, args: list[str]) -> dict:
+    env = dict(os.environ)
+    env.pop("GK_BENCH_CODE", None)
+    if side == "baseline":
+        env["GK_BENCH_CODE"] = str(_baseline_code(work))
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", *args],
+                          capture_output=True, text=True, env=env, timeout=7200)
+    if proc.returncode != 0:
+        raise RuntimeError(f"worker {args} ({side}) failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _postings_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    for row in conn.execute("SELECT term_id, chunk_ids, weights FROM bm25_postings ORDER BY term_id"):
+        h.update(repr(row[0]).encode() + row[1] + b"|" + row[2])
+    for row in conn.execute("SELECT term, term_id, doc_freq FROM bm25_vocab ORDER BY term_id"):
+        h.update(repr(row).encode())
+    conn.close()
+    return h.hexdigest()
+
+
+def _copy_collection(src_dir: Path, dst_dir: Path, name: str = "debian-docs") -> None:
+    shutil.rmtree(dst_dir, ignore_errors=True)
+    dst_dir.mkdir(parents=True)
+    shutil.copyfile(src_dir / f"{name}.sqlite3", dst_dir / f"{name}.sqlite3")
+    if (src_dir / f"{name}.lance").is_dir():
+        shutil.copytree(src_dir / f"{name}.lance", dst_dir / f"{name}.lance")
+
+
+QUERIES = ("install a package from source", "regular expression syntax", "foreign key constraint",
+           "garbage collector tuning", "thread safety of iterators", "commit message format",
+           "unicode string normalization", "borrow checker lifetime", "vacuum and analyze", "socket timeout")
+
+
+def _answers(path: Path, k: int = 10):
+    import numpy as np
+
+    from groundkit_datasette.retrieval import bm25
+
+    conn = sqlite3.connect(f"file:{path}?immutable=1", uri=True)
+    out = {}
+    for q in QUERIES:
+        ids, scores = bm25.score(conn, q)
+        top = np.argsort(-scores, kind="stable")[:k]
+        out[q] = dict(zip(ids[top].tolist(), scores[top].tolist()))
+    conn.close()
+    return out
+
+
+def debian(args, work: Path) -> None:
+    print("\n## Issue 14 at 268k chunks: Debian documentation, BM25 only "
+          f"(baseline: the code at {BASELINE_COMMIT}, each side a fresh process)")
+    rows = []
+    fresh = {}
+    if not args.skip_fresh:
+        for side in ("ours", "baseline"):
+            index = work / f"fresh-{side}"
+            shutil.rmtree(index, ignore_errors=True)
+            fresh[side] = _run(side, work, ["ingest-debian", str(index)])
+            print(f"  fresh ingest ({side}): {fresh[side]}", flush=True)
+        o, b = fresh["ours"], fresh["baseline"]
+        rows.append(["fresh ingest, peak RSS (MB)", o["peak_rss_mb"], b["peak_rss_mb"],
+                     c.ratio(o["peak_rss_mb"], b["peak_rss_mb"]), "met" if o["peak_rss_mb"] <= 400 else "MISSED"])
+        rows.append(["fresh ingest, seconds", o["seconds"], b["seconds"], c.ratio(o["seconds"], b["seconds"]), ""])
+        rows.append(["  CPU seconds (user + system)", o["cpu_seconds"], b["cpu_seconds"],
+                     c.ratio(o["cpu_seconds"], b["cpu_seconds"]), ""])
+        rows.append(["  of which postings + publish, s", o["postings_seconds"], b["postings_seconds"],
+                     c.ratio(o["postings_seconds"], b["postings_seconds"]), ""])
+        rows.append(["chunks", o["chunks"], b["chunks"], "", ""])
+    source = work / "fresh-ours" if not args.skip_fresh else Path(args.rebuild_from)
+    rebuilt = {}
+    for side in () if args.skip_rebuild else ("ours", "baseline"):
+        copy = work / f"rebuild-{side}"
+        _copy_collection(source, copy)
+        rebuilt[side] = _run(side, work, ["rebuild", str(copy / "debian-docs.sqlite3")])
+        rebuilt[side]["digest"] = _postings_digest(copy / "debian-docs.sqlite3")
+        print(f"  postings rebuild ({side}): {rebuilt[side]}", flush=True)
+    o, b = rebuilt.get("ours"), rebuilt.get("baseline")
+    if o and b:
+        _rebuild_rows(rows, o, b)
+    if rows:
+        print(c.table(["measure", "ours", "baseline", "ratio", "target"], rows))
+    if args.incremental_from:
+        incremental(args, work)
+
+
+def _rebuild_rows(rows, o, b):
+    rows.append(["postings rebuild alone, peak RSS (MB)", o["peak_rss_mb"], b["peak_rss_mb"],
+                 c.ratio(o["peak_rss_mb"], b["peak_rss_mb"]), ""])
+    rows.append(["postings rebuild alone, seconds", o["seconds"], b["seconds"], c.ratio(o["seconds"], b["seconds"]), ""])
+    rows.append(["  CPU seconds (user + system)", o["cpu_seconds"], b["cpu_seconds"],
+                 c.ratio(o["cpu_seconds"], b["cpu_seconds"]), ""])
+    rows.append(["bm25_postings + bm25_vocab rows identical", "yes" if o["digest"] == b["digest"] else "NO", "", "",
+                 "met" if o["digest"] == b["digest"] else "MISSED"])
+
+
+def incremental(args, work: Path) -> None:
+    src = Path(args.incremental_from)
+    conn = sqlite3.connect(f"file:{src / 'debian-docs.sqlite3'}?immutable=1", uri=True)
+    # A mid-sized document (about 20 chunks), the same one every run.
+    source = conn.execute("SELECT source FROM documents WHERE chunk_count BETWEEN 15 AND 25 "
+                          "ORDER BY document_id LIMIT 1").fetchone()[0]
+    chunks = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    conn.close()
+    print(f"\n## One-file edit in the {chunks:,}-chunk vector collection ({src}, synthetic embedder; "
+          f"edited: {source})")
+    rows, results = [], {}
+    for side in ("baseline", "ours"):
+        index = work / f"inc-{side}"
+        _copy_collection(src, index)
+        base = work / f"inc-src-{side}"
+        shutil.rmtree(base, ignore_errors=True)
+        target = base / source
+        target.parent.mkdir(parents=True)
+        original = (Path("/usr/share/doc") / source).read_bytes()
+        # A first edit brings a collection written before adr/0025 up to date (a full rebuild
+        # that records the statistics); the second is the one measured.
+        target.write_bytes(original + b"\n<p>An added paragraph about incremental ingest.</p>\n")
+        first = _run(side, work, ["edit", str(index), str(base), str(target)])
+        print(f"  first edit ({side}, not measured): {first}", flush=True)
+        target.write_bytes(original + b"\n<p>Another paragraph, about postings and vectors.</p>\n")
+        results[side] = _run(side, work, ["edit", str(index), str(base), str(target)])
+        print(f"  edit ({side}): {results[side]}", flush=True)
+    o, b = results["ours"], results["baseline"]
+    rows.append(["publish after a one-file edit, s", o["seconds"], b["seconds"], c.ratio(o["seconds"], b["seconds"]),
+                 "met" if o["seconds"] < 5 else "MISSED"])
+    rows.append(["  CPU seconds of the ingest call (user + system)", o["ingest_cpu_seconds"],
+                 b["ingest_cpu_seconds"], c.ratio(o["ingest_cpu_seconds"], b["ingest_cpu_seconds"]),
+                 "met" if o["ingest_cpu_seconds"] < 5 else "MISSED"])
+    rows.append(["  CPU seconds of the worker, imports included", o["cpu_seconds"], b["cpu_seconds"],
+                 c.ratio(o["cpu_seconds"], b["cpu_seconds"]), ""])
+    rows.append(["chunks embedded (synthetic)", o["chunks_embedded"], b["chunks_embedded"], "", ""])
+    rows.append(["postings", o["postings"], b["postings"], "", ""])
+    rows.append(["ANN index", o["ann"], b["ann"], "", ""])
+    rows.append(["peak RSS (MB)", o["peak_rss_mb"], b["peak_rss_mb"], c.ratio(o["peak_rss_mb"], b["peak_rss_mb"]), ""])
+    # The edited file's chunks embedded for real, timed on their own (the synthetic-bound
+    # collection refuses another model's vectors).
+    from groundkit_datasette.collection.ingest import embedding_text
+    from groundkit_datasette.embedding.embedders import get_embedder
+
+    conn = sqlite3.connect(f"file:{work / 'inc-ours' / 'debian-docs.sqlite3'}?immutable=1", uri=True)
+    texts = [embedding_text(h, t) for h, t in conn.execute(
+        "SELECT c.heading, c.content FROM chunks c JOIN documents d USING (document_id) WHERE d.source = ?",
+        (source,))]
+    conn.close()
+    embedder = get_embedder("minilm")
+    embedder.embed(texts[:2])  # loaded
+    t = time.perf_counter()
+    embedder.embed(texts)
+    real = time.perf_counter() - t
+    rows.append([f"+ real default embedder for its {len(texts)} chunks, s", real, "", "", ""])
+    rows.append(["publish + real embedding, s", o["seconds"] + real, b["seconds"] + real,
+                 c.ratio(o["seconds"] + real, b["seconds"] + real), "met" if o["seconds"] + real < 5 else "MISSED"])
+    print(c.table(["measure", "ours", "baseline", "ratio", "target"], rows))
+    # Ours weighs with the statistics recorded at the last full rebuild; the baseline with
+    # the collection's current ones (what a fresh ingest gives).
+    ours, base = _answers(work / "inc-ours" / "debian-docs.sqlite3"), _answers(work / "inc-baseline" / "debian-docs.sqlite3")
+    same = sum(list(ours[q]) == list(base[q]) for q in QUERIES)
+    overlap = statistics.mean(len(set(ours[q]) & set(base[q])) / max(len(base[q]), 1) for q in QUERIES)
+    drift = max((abs(ours[q][i] - base[q][i]) / base[q][i] for q in QUERIES for i in ours[q] if i in base[q]),
+                default=0.0)
+    print(f"answers vs the current-statistics weighting: {same}/{len(QUERIES)} top-10 lists identical, "
+          f"overlap {overlap:.3f}, largest relative score difference {drift:.2e}")
+
+
 def main(argv=None):
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        import groundkit_datasette
+
+        import resource
+
+        def cpu():
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            return r.ru_utime + r.ru_stime
+
+        start = cpu()
+        result = _worker(sys.argv[2:])
+        # CPU seconds (user + system) beside wall seconds: the shared machine's load stretches
+        # the wall figure, much less the CPU one. Imports are included in both.
+        print(json.dumps({**result, "cpu_seconds": cpu() - start,
+                          "code": os.path.dirname(groundkit_datasette.__file__)}))
+        return
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpora", default=",".join(c.CORPORA))
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--full-embed-ingest", default="cranfield",
                     help="corpora to also ingest end to end with embeddings ('' for none)")
     ap.add_argument("--work")
+    ap.add_argument("--debian", action="store_true", help="the issue 14 figures at 268k chunks (section 3)")
+    ap.add_argument("--skip-fresh", action="store_true", help="with --debian: no fresh ingests; rebuild a copy "
+                    "of --rebuild-from instead")
+    ap.add_argument("--skip-rebuild", action="store_true", help="with --debian: no rebuild comparison")
+    ap.add_argument("--rebuild-from", default="/var/tmp/gk-debian", help="a directory holding debian-docs.sqlite3")
+    ap.add_argument("--incremental-from", help="with --debian: a directory holding a vector collection "
+                    "debian-docs (copied, never written)")
     args = ap.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="gk-bench-ingest-"))
     work.mkdir(parents=True, exist_ok=True)
     print(f"# Ingest benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')})")
+    if args.debian:
+        debian(args, work)
+        return
 
     corpora = [n for n in args.corpora.split(",") if n]
     texts_by_corpus, sources_by_corpus = {}, {}

@@ -508,6 +508,11 @@ class Indexer:
         conn.execute("PRAGMA synchronous = OFF")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.isolation_level = None
+        # The term ids of every chunk row the run deletes (by any path: an update, a removed
+        # document, a cascade): the postings of just those terms are rewritten at the end.
+        conn.execute("CREATE TEMP TABLE removed_terms(id INTEGER PRIMARY KEY, term_ids BLOB)")
+        conn.execute("CREATE TEMP TRIGGER removed_terms AFTER DELETE ON main.bm25_chunk_terms BEGIN "
+                     "INSERT OR REPLACE INTO removed_terms VALUES (old.id, old.term_ids); END")
         return conn
 
     def _bind_embedder(self, conn, manifest: dict):
@@ -558,6 +563,7 @@ class Indexer:
                 self._created_lance = lance_dir
             vectors = VectorWriter(lance_dir, embedder.dimensions,
                                    manifest.get("lance_version"),
+                                   trained_rows=int(manifest.get("ann_trained_rows") or 0) or None,
                                    **({"ann_threshold": self.ann_threshold}
                                       if self.ann_threshold is not None else {}))
         existing = {
@@ -572,7 +578,7 @@ class Indexer:
         if manifest.get("tokenizer") != bm25_index.TOKENIZER and terms.has_cjk_terms():
             rechunk = True  # CJK text was indexed as whole runs: tokenize it again as bigrams
         self._next_row_id = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
-        first_new_row = self._next_row_id
+        first_new_row = self._first_new_row = self._next_row_id
         suspend_fts_trigger(conn)
         seen: set[str] = set()
         pending: list[_Prepared] = []
@@ -685,6 +691,8 @@ class Indexer:
             return False, vectors
         # New BM25 settings (k1, b, IDF unit) re-weigh the postings of an unchanged corpus.
         rescore = manifest.get("bm25") != json.dumps(bm25_index.settings())
+        # Postings are updated term by term unless every weight must change anyway.
+        self._rebuild_postings = rechunk or rescore
         if changed or rechunk or rescore or manifest.get("chunker") is None:
             changed = True
             self._write_manifest(conn, manifest, embedder, chunker, generation, base, report)
@@ -726,9 +734,13 @@ class Indexer:
         covering only the files that changed.
         """
         missing: dict[str, list[str]] = {}
-        for chunk_id, document_id in conn.execute("SELECT chunk_id, document_id FROM chunks"):
-            if chunk_id not in vectors.ids:
-                missing.setdefault(document_id, []).append(chunk_id)
+        # The chunk ids alone come from their index, not from the rows (which hold the text).
+        known = vectors.ids
+        listed = conn.execute("SELECT group_concat(chunk_id, ' ') FROM chunks").fetchone()[0]
+        if not known.issuperset((listed or "").split()):  # chunk ids hold no spaces
+            for chunk_id, document_id in conn.execute("SELECT chunk_id, document_id FROM chunks"):
+                if chunk_id not in known:
+                    missing.setdefault(document_id, []).append(chunk_id)
         total = sum(len(ids) for ids in missing.values())
         if not total:
             return False
@@ -900,19 +912,37 @@ class Indexer:
 
     def _finish(self, conn, vectors) -> None:
         self.progress({"event": "postings"})
-        bm25_index.rebuild_postings(conn)
+        self._keep_postings(conn)
         if vectors is not None:
             version = vectors.commit()
+            self.ann_action = vectors.index_action
             self._restrict_tree(lance_path(self.index_dir, self.name))
             conn.executemany(
                 "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                [("lance_version", str(version)), ("ann_index", vectors.ann_index or "")],
+                [("lance_version", str(version)), ("ann_index", vectors.ann_index or ""),
+                 ("ann_trained_rows", str(vectors.trained_rows or ""))],
             )
         conn.execute("COMMIT")
         # Immutable readers ignore WAL content: leave a plain rollback-journal file.
         conn.execute("PRAGMA journal_mode = DELETE")
         conn.execute("PRAGMA optimize")
+
+    def _keep_postings(self, conn) -> None:
+        """Rewrite the postings of the terms this run's chunk rows touched, or all of them when
+        the settings changed, the statistics drifted or the file has none recorded
+        (adr/0025-ingest-postings-upkeep.md)."""
+        recorded = read_manifest(conn).get("bm25_stats")
+        used = None
+        if recorded and not getattr(self, "_rebuild_postings", True):
+            removed = dict(conn.execute("SELECT id, term_ids FROM temp.removed_terms"))
+            used = bm25_index.update_postings(conn, removed, self._first_new_row, json.loads(recorded))
+        self.postings_rebuilt = used is None
+        if used is None:
+            used = bm25_index.rebuild_postings(conn)
+        conn.execute(
+            "INSERT INTO groundkit_manifest(key, value) VALUES ('bm25_stats', ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (json.dumps(used),))
 
     def _publish(self, work: Path) -> None:
         with open(work, "rb") as f:

@@ -88,10 +88,16 @@ class TermTable:
     # Distinct lower-cased words remembered between chunks; past this the memo starts over.
     WORD_MEMO_LIMIT = 1_000_000
 
+    # Past this many stored terms they are looked up as met instead of loaded at start: an
+    # incremental run over a large collection meets a few thousand of its 200k terms.
+    LOAD_ALL_TERMS = 20_000
+
     def __init__(self, conn: sqlite3.Connection):
         self.conn = conn
-        self.ids = dict(conn.execute("SELECT term, term_id FROM bm25_vocab"))
-        self.next_id = max(self.ids.values(), default=-1) + 1
+        self.next_id = conn.execute("SELECT coalesce(max(term_id), -1) + 1 FROM bm25_vocab").fetchone()[0]
+        # ``ids`` holds every stored term, or (past LOAD_ALL_TERMS) those met so far.
+        self._complete = self.next_id <= self.LOAD_ALL_TERMS
+        self.ids = dict(conn.execute("SELECT term, term_id FROM bm25_vocab")) if self._complete else {}
         self.new_terms: list[tuple[str, int]] = []
         # token -> its term ids (none for a stop word, a bigram each for a CJK run): each
         # distinct token is stemmed or split once per run.
@@ -99,7 +105,9 @@ class TermTable:
 
     def has_cjk_terms(self) -> bool:
         """Whether any stored term holds CJK text (tokenized whole, before bigrams)."""
-        return has_cjk("\n".join(self.ids))
+        if self._complete:
+            return has_cjk("\n".join(self.ids))
+        return any(has_cjk(term) for (term,) in self.conn.execute("SELECT term FROM bm25_vocab"))
 
     def _word_id(self, word: str) -> tuple[int, ...]:
         if _CJK_CHAR.match(word):
@@ -110,6 +118,10 @@ class TermTable:
 
     def _term_id(self, term: str) -> int:
         tid = self.ids.get(term)
+        if tid is None and not self._complete:
+            found = self.conn.execute("SELECT term_id FROM bm25_vocab WHERE term = ?", (term,)).fetchone()
+            if found is not None:
+                tid = self.ids[term] = found[0]
         if tid is None:
             tid = self.ids[term] = self.next_id
             self.next_id += 1
@@ -156,74 +168,423 @@ def idf_of(n, df):
     return np.log1p((n - df + 0.5) / (df + 0.5))
 
 
-def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B) -> None:
-    """Recompute every posting weight from ``bm25_chunk_terms`` (vectorised)."""
-    rows = conn.execute(
-        "SELECT t.id, t.length, t.term_ids, t.term_freqs, c.document_id FROM bm25_chunk_terms t "
-        "JOIN chunks c ON c.id = t.id ORDER BY t.id"
-    ).fetchall()
-    conn.execute("DELETE FROM bm25_postings")
-    if not rows:
-        conn.execute("DELETE FROM bm25_vocab")
-        return
-    chunk_ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    lengths = np.fromiter((r[1] for r in rows), dtype=np.float64, count=len(rows))
-    term_ids = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.int32)
-    freqs = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.int32).astype(np.float64)
-    per_chunk = np.fromiter((len(r[2]) // 4 for r in rows), dtype=np.int64, count=len(rows))
-    # Documents numbered in chunk row order (a document's chunks are written together).
-    ordinal: dict[str, int] = {}
-    doc_of_chunk = np.fromiter(
-        (ordinal.setdefault(r[4], len(ordinal)) for r in rows), dtype=np.int64, count=len(rows)
-    )
-    avgdl = max(lengths.mean(), 1e-9)
-    vocab_size = int(term_ids.max()) + 1 if term_ids.size else 0
-    order = np.argsort(term_ids, kind="stable")
-    sorted_terms = term_ids[order]
-    owner_doc = np.repeat(doc_of_chunk, per_chunk)[order]
-    # Document frequency: (term, document) pairs. Within a term the postings follow row
-    # order, so when ordinals rise with row ids a document's postings are adjacent.
-    if np.all(np.diff(doc_of_chunk) >= 0):
-        first = np.ones(sorted_terms.size, dtype=bool)
-        first[1:] = (sorted_terms[1:] != sorted_terms[:-1]) | (owner_doc[1:] != owner_doc[:-1])
-        df = np.bincount(sorted_terms[first], minlength=vocab_size)
+
+# (term, chunk) pairs decoded at once while postings are built or updated: the memory
+# of a rebuild is bounded by this, not by the corpus (adr/0025-ingest-postings-upkeep.md).
+PAIRS_PER_PASS = 3_000_000
+# Chunk rows fetched from SQLite at a time; postings weighed at a time.
+_FETCH_ROWS = 4096
+_WEIGH_SLICE = 262_144
+# The statistics the stored weights were computed with (document count, average chunk
+# length) are kept while the collection's own stay within this relative distance of them;
+# past it every weight is recomputed. See adr/0025-ingest-postings-upkeep.md.
+STATS_DRIFT = 0.01
+
+
+def term_weights(idf, freqs, dl, avgdl: float, k1: float = K1, b: float = B) -> np.ndarray:
+    """BM25 weights (float32) of postings, element by element: the one formula every path uses,
+    so a weight does not depend on which pass computed it."""
+    return (idf * freqs * (k1 + 1) / (freqs + k1 * (1 - b + b * dl / avgdl))).astype(np.float32)
+
+
+class _Chunks:
+    """Row ids, lengths and document ordinals of every chunk with terms, in row order.
+
+    Documents are numbered by first appearance in row order; ``monotone`` says whether each
+    document's chunks are adjacent (ingest writes them so; hand edits may not)."""
+
+    def __init__(self, ids: np.ndarray, lengths: np.ndarray, docs: np.ndarray, documents: int):
+        self.ids, self.docs, self.documents = ids, docs, documents
+        self.lengths = lengths.astype(np.float64)
+        self.monotone = bool(np.all(np.diff(docs) >= 0))
+        top = int(ids[-1]) + 1 if ids.size else 0
+        self.length_of = np.zeros(top, dtype=np.float64)
+        self.length_of[ids] = self.lengths
+        self.doc_of = np.full(top, -1, dtype=np.int64)
+        self.doc_of[ids] = docs
+
+    @classmethod
+    def read(cls, conn: sqlite3.Connection) -> "_Chunks":
+        rows = conn.execute(
+            "SELECT t.id, t.length, c.document_id FROM bm25_chunk_terms t "
+            "JOIN chunks c ON c.id = t.id ORDER BY t.id").fetchall()
+        ordinal: dict[str, int] = {}
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        lengths = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        docs = np.fromiter((ordinal.setdefault(r[2], len(ordinal)) for r in rows), dtype=np.int64,
+                           count=len(rows))
+        return cls(ids, lengths, docs, len(ordinal))
+
+    @classmethod
+    def after_run(cls, conn: sqlite3.Connection, first_new_row: int) -> "_Chunks":
+        """The same as :meth:`read`, from the published document map and this run's new rows:
+        a run deletes every row of a document it rewrites, so the surviving documents keep
+        their order and the new rows' documents come after them."""
+        row = conn.execute("SELECT chunk_ids FROM bm25_postings WHERE term_id = ?",
+                           (DOCUMENT_MAP_ID,)).fetchone()
+        rows = np.array(conn.execute("SELECT id, length FROM bm25_chunk_terms ORDER BY id").fetchall(),
+                        dtype=np.int64).reshape(-1, 2)
+        ids, lengths = rows[:, 0].copy(), rows[:, 1].copy()
+        del rows
+        old = ids[ids < first_new_row]
+        published = np.frombuffer(row[0], dtype=np.int32) if row is not None else None
+        if published is None or (old.size and (int(old[-1]) >= published.size
+                                               or (published[old] < 0).any())):
+            return cls.read(conn)
+        _, docs_old = np.unique(published[old], return_inverse=True)
+        offset = int(docs_old.max()) + 1 if docs_old.size else 0
+        ordinal: dict[str, int] = {}
+        new_docs = [ordinal.setdefault(did, offset + len(ordinal)) for (did,) in conn.execute(
+            "SELECT c.document_id FROM bm25_chunk_terms t JOIN chunks c ON c.id = t.id "
+            "WHERE t.id >= ? ORDER BY t.id", (first_new_row,))]
+        if ordinal:  # a new row's document must have no older rows left
+            marks = ",".join("?" * len(ordinal))
+            if conn.execute(f"SELECT 1 FROM chunks WHERE id < ? AND document_id IN ({marks}) LIMIT 1",
+                            (first_new_row, *ordinal)).fetchone():
+                return cls.read(conn)
+        docs = np.concatenate([docs_old.astype(np.int64).ravel(), np.array(new_docs, dtype=np.int64)])
+        if docs.size != ids.size:
+            return cls.read(conn)
+        return cls(ids, lengths, docs, offset + len(ordinal))
+
+    def stats(self) -> dict:
+        """The collection's own statistics, as the weights use them."""
+        return {"documents": self.documents, "avgdl": float(max(self.lengths.mean(), 1e-9))}
+
+
+def _term_rows(conn: sqlite3.Connection, where: str = "", params=(), order: str = "t.id"):
+    """Batches of ``(row ids, terms per row, term ids, freqs)`` of chunk term rows."""
+    cur = conn.execute(
+        "SELECT t.id, t.term_ids, t.term_freqs FROM bm25_chunk_terms t JOIN chunks c ON c.id = t.id "
+        f"{where} ORDER BY {order}", params)
+    while True:
+        rows = cur.fetchmany(_FETCH_ROWS)
+        if not rows:
+            return
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        per_row = np.fromiter((len(r[1]) // 4 for r in rows), dtype=np.int64, count=len(rows))
+        tids = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.int32)
+        freqs = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.int32)
+        yield ids, per_row, tids, freqs
+
+
+def _vocab_size(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT coalesce(max(term_id), -1) + 1 FROM bm25_vocab").fetchone()[0])
+
+
+def _grow(a: np.ndarray, size: int, fill=0) -> np.ndarray:
+    if a.size >= size:
+        return a
+    out = np.full(size, fill, dtype=a.dtype)
+    out[: a.size] = a
+    return out
+
+
+def _document_frequencies(conn, chunks: _Chunks, vocab_size: int):
+    """``(df, postings per term)``: documents and chunks holding each term, in one pass."""
+    df = np.zeros(vocab_size, dtype=np.int64)
+    cf = np.zeros(vocab_size, dtype=np.int64)
+    last = np.full(vocab_size, -1, dtype=np.int64)  # the last document group counted per term
+    group_of = None
+    if not chunks.monotone:
+        # Visit rows document by document, numbering the documents as they come.
+        order = "c.document_id, t.id"
     else:
-        pairs = np.unique(sorted_terms.astype(np.int64) * len(ordinal) + owner_doc)
-        df = np.bincount(pairs // len(ordinal), minlength=vocab_size)
-    idf = idf_of(len(ordinal), df)
-    dl = np.repeat(lengths, per_chunk)
-    weights = idf[term_ids] * freqs * (k1 + 1) / (freqs + k1 * (1 - b + b * dl / avgdl))
-    owner = np.repeat(chunk_ids, per_chunk)
-    owner = owner[order].astype(np.int32)
-    weights = weights[order].astype(np.float32)
-    present = np.flatnonzero(df)
-    bounds = np.searchsorted(sorted_terms, present)
-    ends = np.append(bounds[1:], sorted_terms.size)
+        order = "t.id"
+    group = -1
+    previous_doc = None
+    for ids, per_row, tids, _freqs in _term_rows(conn, order=order):
+        if tids.size and int(tids.max()) >= df.size:
+            size = int(tids.max()) + 1
+            df, cf, last = _grow(df, size), _grow(cf, size), _grow(last, size, -1)
+        docs = chunks.doc_of[ids]
+        if chunks.monotone:
+            group_of = docs
+        else:
+            change = np.ones(docs.size, dtype=bool)
+            change[1:] = docs[1:] != docs[:-1]
+            if docs.size and previous_doc is not None and docs[0] == previous_doc:
+                change[0] = False
+            group_of = group + np.cumsum(change)
+            group = int(group_of[-1]) if group_of.size else group
+            previous_doc = int(docs[-1]) if docs.size else previous_doc
+        cf += np.bincount(tids, minlength=cf.size)
+        if not tids.size:
+            continue
+        owner = np.repeat(group_of, per_row)
+        o = np.argsort(tids, kind="stable")  # groups rise within each term
+        st, sg = tids[o], owner[o]
+        same_term = st[1:] == st[:-1]
+        new = np.ones(st.size, dtype=bool)
+        new[1:] = ~same_term | (sg[1:] != sg[:-1])
+        start = np.ones(st.size, dtype=bool)
+        start[1:] = ~same_term
+        new[start] = sg[start] != last[st[start]]  # the same document continued from the last batch
+        df += np.bincount(st[new], minlength=df.size)
+        end = np.ones(st.size, dtype=bool)
+        end[:-1] = ~same_term
+        last[st[end]] = sg[end]
+    return df, cf
+
+
+def _ranges(cf: np.ndarray, budget: int):
+    """Term-id ranges ``[lo, hi)`` holding at most ``budget`` postings each (a bigger term alone)."""
+    out, lo, acc = [], 0, 0
+    for t in np.flatnonzero(cf):
+        n = int(cf[t])
+        if acc and acc + n > budget:
+            out.append((lo, int(t)))
+            lo, acc = int(t), 0
+        acc += n
+    if acc:
+        out.append((lo, cf.size))
+    return out
+
+
+def _write_rows(conn, terms: np.ndarray, owner: np.ndarray, weights: np.ndarray) -> None:
+    """Replace the postings of the (sorted, grouped) ``terms`` with ``owner``/``weights`` slices."""
+    if not terms.size:
+        return
+    starts = np.flatnonzero(np.r_[True, terms[1:] != terms[:-1]])
+    ends = np.append(starts[1:], terms.size)
     conn.executemany(
-        "INSERT INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, ?)",
-        (
-            (int(t), owner[s:e].tobytes(), weights[s:e].tobytes())
-            for t, s, e in zip(present, bounds, ends)
-        ),
+        "INSERT OR REPLACE INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, ?)",
+        ((int(terms[s]), owner[s:e].tobytes(), weights[s:e].tobytes()) for s, e in zip(starts, ends)),
     )
-    tie_order = [r[0] for r in conn.execute("SELECT id FROM chunks ORDER BY content_hash, id")]
+
+
+def _tie_order_after_run(conn, gone: np.ndarray, first_new_row: int) -> np.ndarray | None:
+    """The published tie order without the deleted rows, this run's rows placed in it by
+    binary search (a few hash lookups each); None when it cannot be trusted."""
+    import bisect
+
+    row = conn.execute("SELECT chunk_ids FROM bm25_postings WHERE term_id = ?",
+                       (TIE_ORDER_ID,)).fetchone()
+    if row is None:
+        return None
+    order = np.frombuffer(row[0], dtype=np.int32)
+    order = order[~np.isin(order, gone)]
+    new = conn.execute("SELECT content_hash, id FROM chunks WHERE id >= ? ORDER BY content_hash, id",
+                       (first_new_row,)).fetchall()
+    hashes: dict[int, str] = {}
+
+    def key(i):
+        cid = int(order[i])
+        h = hashes.get(cid)
+        if h is None:
+            found = conn.execute("SELECT content_hash FROM chunks WHERE id = ?", (cid,)).fetchone()
+            h = hashes[cid] = found[0] if found else ""
+        return h, cid
+
+    at = [bisect.bisect_left(range(order.size), (h, cid), key=key) for h, cid in new]
+    out = np.insert(order, at, np.array([cid for _h, cid in new], dtype=np.int32))
+    if out.size != conn.execute("SELECT count(*) FROM chunks").fetchone()[0]:
+        return None
+    return out
+
+
+def _write_orders(conn, chunks: _Chunks, tie_order=None) -> None:
+    """The reserved rows: tie order (content-hash order) and the document map."""
+    if tie_order is None:
+        tie_order = [r[0] for r in conn.execute("SELECT id FROM chunks ORDER BY content_hash, id")]
     conn.execute(
-        "INSERT INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, x'')",
+        "INSERT OR REPLACE INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, x'')",
         (TIE_ORDER_ID, np.asarray(tie_order, dtype=np.int32).tobytes()),
     )
-    documents = np.full(int(chunk_ids[-1]) + 1, -1, dtype=np.int32)
-    documents[chunk_ids] = doc_of_chunk
+    documents = np.full(int(chunks.ids[-1]) + 1, -1, dtype=np.int32)
+    documents[chunks.ids] = chunks.docs
     conn.execute(
-        "INSERT INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, x'')",
+        "INSERT OR REPLACE INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, x'')",
         (DOCUMENT_MAP_ID, documents.tobytes()),
     )
+
+
+def _set_doc_freqs(conn, terms: np.ndarray, df: np.ndarray) -> None:
+    conn.executemany("UPDATE bm25_vocab SET doc_freq = ? WHERE term_id = ?",
+                     ((int(n), int(t)) for t, n in zip(terms, df)))
+
+
+def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B,
+                     stats: dict | None = None) -> dict:
+    """Recompute every posting weight from ``bm25_chunk_terms``, in bounded memory.
+
+    The chunk term rows are read once for document frequencies, then once per range of
+    term ids holding at most :data:`PAIRS_PER_PASS` postings. ``stats`` (``documents``,
+    ``avgdl``) are the statistics to weight with; by default the collection's own.
+    Returns the statistics used (the manifest's ``bm25_stats``).
+    """
+    chunks = _Chunks.read(conn)
+    conn.execute("DELETE FROM bm25_postings")
+    if not chunks.ids.size:
+        conn.execute("DELETE FROM bm25_vocab")
+        return chunks.stats() if stats is None else stats
+    used = chunks.stats() if stats is None else stats
+    n, avgdl = used["documents"], used["avgdl"]
+    df, cf = _document_frequencies(conn, chunks, _vocab_size(conn))
+    idf = idf_of(n, df)
+    for lo, hi in _ranges(cf, PAIRS_PER_PASS):
+        parts = []
+        for ids, per_row, tids, freqs in _term_rows(conn):
+            sel = np.flatnonzero((tids >= lo) & (tids < hi))
+            if sel.size:
+                parts.append((tids[sel], np.repeat(ids.astype(np.int32), per_row)[sel], freqs[sel]))
+        if not parts:
+            continue
+        tids, owner, freqs = (np.concatenate(p) for p in zip(*parts))
+        del parts
+        order = np.argsort(tids, kind="stable")  # row order within each term
+        tids, owner, freqs = tids[order], owner[order], freqs[order]
+        del order
+        weights = np.empty(tids.size, dtype=np.float32)
+        for s0 in range(0, tids.size, _WEIGH_SLICE):  # element-wise: slices change no bit
+            sl = slice(s0, s0 + _WEIGH_SLICE)
+            weights[sl] = term_weights(idf[tids[sl]], freqs[sl].astype(np.float64),
+                                       chunks.length_of[owner[sl]], avgdl, k1, b)
+        _write_rows(conn, tids, owner, weights)
+        del tids, owner, freqs, weights
+    _write_orders(conn, chunks)
+    present = np.flatnonzero(df)
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS _df(term_id INTEGER PRIMARY KEY, n INTEGER)")
     conn.execute("DELETE FROM _df")
-    conn.executemany(
-        "INSERT INTO _df VALUES (?, ?)", ((int(t), int(df[t])) for t in present)
-    )
+    conn.executemany("INSERT INTO _df VALUES (?, ?)", ((int(t), int(df[t])) for t in present))
     conn.execute("DELETE FROM bm25_vocab WHERE term_id NOT IN (SELECT term_id FROM _df)")
     conn.execute(
         "UPDATE bm25_vocab SET doc_freq = (SELECT n FROM _df WHERE _df.term_id = bm25_vocab.term_id)"
     )
     conn.execute("DROP TABLE _df")
+    return used
+
+
+def drifted(stats: dict | None, own: dict) -> bool:
+    """Whether the collection's own statistics moved past :data:`STATS_DRIFT` from ``stats``."""
+    if not stats or not stats.get("documents") or not stats.get("avgdl"):
+        return True
+    return (abs(own["documents"] - stats["documents"]) > STATS_DRIFT * stats["documents"]
+            or abs(own["avgdl"] - stats["avgdl"]) > STATS_DRIFT * stats["avgdl"])
+
+
+def _frequencies_from_weights(weights, idf, dl, avgdl, k1, b):
+    """Term frequencies that reproduce stored ``weights`` (the formula solved for tf, rounded),
+    and a mask of those that reproduce them exactly."""
+    w = weights.astype(np.float64)
+    norm = k1 * (1 - b + b * dl / avgdl)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        tf = np.rint(w * norm / (idf * (k1 + 1) - w))
+    tf = np.where(np.isfinite(tf) & (tf >= 1), tf, 1.0)
+    exact = term_weights(idf, tf, dl, avgdl, k1, b) == weights
+    return tf, exact
+
+
+def update_postings(conn: sqlite3.Connection, removed: dict[int, bytes], first_new_row: int,
+                    stats: dict, k1: float = K1, b: float = B) -> dict | None:
+    """Bring the postings up to date after a run that removed the chunk rows ``removed``
+    (row id -> its term ids) and added rows from ``first_new_row`` on, rewriting only the
+    terms those rows hold, with the statistics ``stats`` the stored weights were computed with.
+
+    The result is byte for byte what :func:`rebuild_postings` gives with the same ``stats``.
+    Returns the statistics used, or None when the collection's own have drifted past
+    :data:`STATS_DRIFT` (the caller then rebuilds, see :func:`refresh_postings`).
+    """
+    if not removed and conn.execute(
+            "SELECT 1 FROM bm25_chunk_terms WHERE id >= ? LIMIT 1", (first_new_row,)).fetchone() is None:
+        return stats  # no chunk row changed: nor did any posting
+    chunks = _Chunks.after_run(conn, first_new_row)
+    if not chunks.ids.size or drifted(stats, chunks.stats()):
+        return None
+    n, avgdl = stats["documents"], stats["avgdl"]
+    gone = np.unique(np.fromiter(removed, dtype=np.int64, count=len(removed)))
+    touched = [np.frombuffer(blob, dtype=np.int32) for blob in removed.values()]
+    added = list(_term_rows(conn, "WHERE t.id >= ?", (first_new_row,)))
+    touched += [tids for _ids, _per, tids, _f in added]
+    touched = np.unique(np.concatenate(touched)) if touched else np.empty(0, np.int32)
+    if touched.size:
+        # The rows this run added: (term, row id, tf) of the touched terms, in row order.
+        if added:
+            a_ids = np.concatenate([np.repeat(ids, per) for ids, per, _t, _f in added])
+            a_terms = np.concatenate([t for _i, _p, t, _f in added])
+            a_freqs = np.concatenate([f for _i, _p, _t, f in added]).astype(np.float64)
+        else:
+            a_ids, a_terms, a_freqs = (np.empty(0, np.int64), np.empty(0, np.int32),
+                                       np.empty(0, np.float64))
+        sizes = {}
+        for g in range(0, touched.size, 900):
+            part = [int(t) for t in touched[g : g + 900]]
+            sizes.update(conn.execute(
+                "SELECT term_id, length(chunk_ids) / 4 FROM bm25_postings WHERE term_id IN "
+                f"({','.join('?' * len(part))})", part))
+        cf = np.array([sizes.get(t, 0) for t in touched.tolist()], dtype=np.int64)
+        budget = max(1, PAIRS_PER_PASS // 3)  # an update holds more per posting than a rebuild
+        lo = 0
+        while lo < touched.size:  # groups of terms holding at most that many old postings
+            hi = lo + max(1, int(np.searchsorted(np.cumsum(cf[lo:]), budget, side="right")))
+            hi = min(hi, lo + 900)  # and few enough to name in one statement
+            _update_terms(conn, touched[lo:hi], gone, a_ids, a_terms, a_freqs, chunks,
+                          n, avgdl, k1, b)
+            lo = hi
+    _write_orders(conn, chunks, _tie_order_after_run(conn, gone, first_new_row))
+    return stats
+
+
+def _update_terms(conn, terms, gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, k1, b) -> None:
+    marks = ",".join("?" * len(terms))
+    params = [int(t) for t in terms]
+    old_df = dict(conn.execute(f"SELECT term_id, doc_freq FROM bm25_vocab WHERE term_id IN ({marks})",
+                               params))
+    o_terms, o_ids, o_weights = [], [], []
+    for t, ids, weights in conn.execute(
+            f"SELECT term_id, chunk_ids, weights FROM bm25_postings WHERE term_id IN ({marks})", params):
+        ids = np.frombuffer(ids, dtype=np.int32)
+        o_terms.append(np.full(ids.size, t, dtype=np.int32))
+        o_ids.append(ids)
+        o_weights.append(np.frombuffer(weights, dtype=np.float32))
+    if o_ids:
+        o_terms, o_ids, o_weights = (np.concatenate(x) for x in (o_terms, o_ids, o_weights))
+        kept = ~np.isin(o_ids, gone)
+        o_terms, o_ids, o_weights = o_terms[kept], o_ids[kept].astype(np.int64), o_weights[kept]
+        dl = chunks.length_of[o_ids]
+        # IDF per term, then gathered per posting (``terms`` is sorted and holds every o_term).
+        idf_old = idf_of(n, np.array([old_df.get(t, 0) for t in terms.tolist()], dtype=np.int64))
+        o_freqs, exact = _frequencies_from_weights(
+            o_weights, idf_old[np.searchsorted(terms, o_terms)], dl, avgdl, k1, b)
+        if not exact.all():  # read those rows' own frequencies
+            o_freqs[~exact] = _stored_frequencies(conn, o_ids[~exact], o_terms[~exact])
+    else:
+        o_terms, o_ids = np.empty(0, np.int32), np.empty(0, np.int64)
+        o_freqs = np.empty(0, np.float64)
+    sel = np.isin(a_terms, terms)
+    # Old rows come first: every row this run added has a higher id than every older row.
+    all_terms = np.concatenate([o_terms, a_terms[sel]])
+    all_ids = np.concatenate([o_ids, a_ids[sel]])
+    all_freqs = np.concatenate([o_freqs, a_freqs[sel]])
+    order = np.argsort(all_terms, kind="stable")
+    all_terms, all_ids, all_freqs = all_terms[order], all_ids[order], all_freqs[order]
+    docs = chunks.doc_of[all_ids]
+    if chunks.monotone:
+        first = np.ones(all_terms.size, dtype=bool)
+        first[1:] = (all_terms[1:] != all_terms[:-1]) | (docs[1:] != docs[:-1])
+        counted = all_terms[first]
+    else:
+        pairs = np.unique(all_terms.astype(np.int64) * (chunks.documents + 1) + docs)
+        counted = pairs // (chunks.documents + 1)
+    present, df_present = np.unique(counted, return_counts=True)
+    df = np.zeros(terms.size, dtype=np.int64)
+    df[np.searchsorted(terms, present)] = df_present
+    weights = term_weights(idf_of(n, df)[np.searchsorted(terms, all_terms)], all_freqs,
+                           chunks.length_of[all_ids], avgdl, k1, b)
+    _write_rows(conn, all_terms, all_ids.astype(np.int32), weights)
+    empty = [int(t) for t, d in zip(terms.tolist(), df.tolist()) if d == 0]
+    if empty:
+        marks = ",".join("?" * len(empty))
+        conn.execute(f"DELETE FROM bm25_postings WHERE term_id IN ({marks})", empty)
+        conn.execute(f"DELETE FROM bm25_vocab WHERE term_id IN ({marks})", empty)
+    _set_doc_freqs(conn, present, df_present)
+
+
+def _stored_frequencies(conn, ids: np.ndarray, terms: np.ndarray) -> np.ndarray:
+    out = np.empty(ids.size, dtype=np.float64)
+    for i, (cid, t) in enumerate(zip(ids, terms)):
+        tids, freqs = conn.execute(
+            "SELECT term_ids, term_freqs FROM bm25_chunk_terms WHERE id = ?", (int(cid),)).fetchone()
+        tids = np.frombuffer(tids, dtype=np.int32)
+        out[i] = np.frombuffer(freqs, dtype=np.int32)[np.searchsorted(tids, t)]
+    return out

@@ -21,8 +21,17 @@ ANN_INDEX = "IVF_HNSW_SQ"
 # Query-time settings measured to give recall@10 >= 0.95 (benchmarks/dense.py).
 ANN_EF = 150
 ANN_REFINE = 2
-# Rebuild the index when this share of rows is not covered by it (they are scanned exactly).
-ANN_STALE_FRACTION = 0.2
+# Index upkeep (adr/0025-ingest-postings-upkeep.md). Rows the index does not cover are
+# scanned exactly by every query; up to this many (or this share of the table) stay so.
+ANN_UNINDEXED_ROWS = 2000
+ANN_UNINDEXED_FRACTION = 0.01
+# Past that, the new rows are added to the trained index (``optimize``: partitions are
+# kept, nothing is retrained) until the table holds this many times the rows it was
+# trained on; then the index is trained again from every row.
+ANN_RETRAIN_GROWTH = 1.5
+# ``optimize`` never prunes versions: readers hold the published one, and a dead run is
+# rolled back to it (adr/0002).
+_KEEP_VERSIONS_DAYS = 365 * 100
 # Query side: at or below this many vectors, search exactly in numpy over the vectors held in
 # memory (read once per collection version) instead of asking LanceDB (benchmarks/dense.py:
 # 0.2 ms against 4 ms at 10k; adr/0025-dense-exact-search.md).
@@ -189,16 +198,64 @@ class VectorSearch:
         return self._ann(vector, depth, where)
 
 
+class _ByDocument(dict):
+    """``{document_id: its chunk ids}``, each document's set made when it is first asked for
+    (a run touches a few of the 45k documents; building every set costs seconds)."""
+
+    def __init__(self, chunk_ids: list[str], document_ids):
+        import pyarrow.compute as pc
+
+        super().__init__()
+        encoded = pc.dictionary_encode(document_ids.combine_chunks()
+                                       if hasattr(document_ids, "combine_chunks") else document_ids)
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        self._index = {d: i for i, d in enumerate(encoded.dictionary.to_pylist())}
+        self._order = np.argsort(codes, kind="stable")
+        self._bounds = np.searchsorted(codes[self._order], np.arange(len(self._index) + 1))
+        self._chunk_ids = chunk_ids
+
+    def _load(self, document_id):
+        i = self._index.pop(document_id, None)
+        if i is None:
+            return None
+        ids = {self._chunk_ids[j] for j in self._order[self._bounds[i]:self._bounds[i + 1]].tolist()}
+        super().__setitem__(document_id, ids)
+        return ids
+
+    def get(self, document_id, default=None):
+        if dict.__contains__(self, document_id):
+            return dict.__getitem__(self, document_id)
+        found = self._load(document_id)
+        return default if found is None else found
+
+    def __getitem__(self, document_id):
+        found = self.get(document_id)
+        if found is None:
+            raise KeyError(document_id)
+        return found
+
+    def __contains__(self, document_id):
+        return dict.__contains__(self, document_id) or document_id in self._index
+
+    def __setitem__(self, document_id, ids):
+        self._index.pop(document_id, None)
+        super().__setitem__(document_id, ids)
+
+
 class VectorWriter:
     """Buffers one ingest run's vector changes and applies them at commit."""
 
     def __init__(self, lance_dir: Path, dimensions: int, published_version: str | None,
-                 ann_threshold: int = ANN_THRESHOLD):
+                 ann_threshold: int = ANN_THRESHOLD, trained_rows: int | None = None):
         import lancedb
 
         self.dimensions = dimensions
         self.ann_threshold = ann_threshold
         self.ann_index: str | None = None
+        # Rows the published index was trained on (the manifest's ``ann_trained_rows``).
+        self.trained_rows = trained_rows
+        # What commit did to the index: "none", "kept", "updated" or "trained".
+        self.index_action = "none"
         self.db = lancedb.connect(str(lance_dir))
         self.table = None
         self.by_document: dict[str, set[str]] = {}
@@ -208,10 +265,11 @@ class VectorWriter:
             if published_version is not None and self.table.version != int(published_version):
                 # A run that died after writing vectors but before publishing: roll back.
                 self.table.restore(int(published_version))
-            current = self.table.to_arrow().select(["chunk_id", "document_id"]).to_pydict()
-            for cid, did in zip(current["chunk_id"], current["document_id"]):
-                self.ids.add(cid)
-                self.by_document.setdefault(did, set()).add(cid)
+            # Only the two id columns: reading the vectors would cost the whole table.
+            current = self.table.search().select(["chunk_id", "document_id"]).limit(None).to_arrow()
+            chunk_ids = current.column("chunk_id").to_pylist()
+            self.ids = set(chunk_ids)
+            self.by_document = _ByDocument(chunk_ids, current.column("document_id"))
         self.to_delete: set[str] = set()
         self.to_add: list[tuple[str, str, np.ndarray]] = []
 
@@ -263,19 +321,32 @@ class VectorWriter:
         return self.table.version
 
     def _maybe_index(self) -> None:
+        """Keep the ANN index current without retraining it for every run."""
+        from datetime import timedelta
+
         from lancedb.index import IvfHnswSq
 
         rows = self.table.count_rows()
         indices = self.table.list_indices()
         if rows < self.ann_threshold:
             self.ann_index = None
+            self.trained_rows = None
             if indices:
                 self.table.drop_index(indices[0].name)
+                self.index_action = "dropped"
             return
-        if indices:
-            stats = self.table.index_stats(indices[0].name)
-            if stats is not None and stats.num_unindexed_rows <= ANN_STALE_FRACTION * rows:
-                self.ann_index = ANN_INDEX
-                return
-        self.table.create_index("vector", config=IvfHnswSq(distance_type="cosine"), replace=True)
+        stats = self.table.index_stats(indices[0].name) if indices else None
         self.ann_index = ANN_INDEX
+        if self.trained_rows is None and stats is not None:
+            self.trained_rows = stats.num_indexed_rows  # a file from before the record
+        if stats is not None and self.trained_rows and rows < ANN_RETRAIN_GROWTH * self.trained_rows:
+            if stats.num_unindexed_rows <= max(ANN_UNINDEXED_ROWS, ANN_UNINDEXED_FRACTION * rows):
+                self.index_action = "kept"
+                return
+            # New rows go into the trained partitions; compaction comes with it.
+            self.table.optimize(cleanup_older_than=timedelta(days=_KEEP_VERSIONS_DAYS))
+            self.index_action = "updated"
+            return
+        self.table.create_index("vector", config=IvfHnswSq(distance_type="cosine"), replace=True)
+        self.trained_rows = rows
+        self.index_action = "trained"
