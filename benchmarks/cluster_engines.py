@@ -1,4 +1,4 @@
-"""Ray against Dask distributed for ingest's map stage (issue 18, adr/0025-scale).
+"""Ray against Dask distributed for ingest's map stage (issue 18, adr/0029-distributed-ingest.md).
 
 Starts each engine as a real local cluster (a head/scheduler and two workers, separate
 processes), then measures what matters for shipping ingest batches:

@@ -276,7 +276,7 @@ def incremental(args, work: Path) -> None:
         target = base / source
         target.parent.mkdir(parents=True)
         original = (Path("/usr/share/doc") / source).read_bytes()
-        # A first edit brings a collection written before adr/0025 up to date (a full rebuild
+        # A first edit brings a collection written before adr/0030 up to date (a full rebuild
         # that records the statistics); the second is the one measured.
         target.write_bytes(original + b"\n<p>An added paragraph about incremental ingest.</p>\n")
         first = _run(side, work, ["edit", str(index), str(base), str(target)])

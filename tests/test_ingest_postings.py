@@ -1,5 +1,5 @@
 """BM25 postings are built in bounded memory and kept current term by term (issue 14,
-adr/0025-ingest-postings-upkeep.md): the stored rows must not change because of either."""
+adr/0030-postings-and-index-upkeep.md): the stored rows must not change because of either."""
 
 import json
 import random

@@ -1,5 +1,5 @@
 """The ANN index is kept current without retraining it for each run (issue 14,
-adr/0025-ingest-postings-upkeep.md): a small change leaves it alone (new rows are scanned
+adr/0030-postings-and-index-upkeep.md): a small change leaves it alone (new rows are scanned
 exactly), a larger one is added into the trained partitions, and growth past
 ANN_RETRAIN_GROWTH trains it again."""
 

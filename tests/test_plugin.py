@@ -195,7 +195,7 @@ def expected_patterns(tools):
         out.append(Tool.route_regex(t.json_route))
         if t.html_route:
             out.append(Tool.route_regex(t.html_route))
-        out += [asset.regex() for asset in t.page_assets]  # files a page shows (adr/0025)
+        out += [asset.regex() for asset in t.page_assets]  # files a page shows (adr/0027)
     return out + ["^" + route + "$" for route in (MCP_ROUTE, OPENAPI_ROUTE, HEALTH_ROUTE)]
 
 

@@ -5,7 +5,7 @@ ones, and applies every result to its private copy in walk order, then publishes
 work in between goes to the cluster: batches of files (about ``BATCH_CHUNKS`` chunks' worth of
 bytes) are extracted, chunked and embedded on the workers. Results come back in the order the
 files were read, so the writer issues the same statements as a local run and publishes the
-same file (tests/test_cluster.py). Why Dask and not Ray: adr/0025-scale-distributed-ingest.md.
+same file (tests/test_cluster.py). Why Dask and not Ray: adr/0029-distributed-ingest.md.
 
 Dask reschedules a batch whose worker died; a batch that still fails (the scheduler gives up
 after ``distributed.scheduler.allowed-failures`` deaths, or the task raised) costs only its

@@ -931,7 +931,7 @@ class Indexer:
     def _keep_postings(self, conn) -> None:
         """Rewrite the postings of the terms this run's chunk rows touched, or all of them when
         the settings changed, the statistics drifted or the file has none recorded
-        (adr/0025-ingest-postings-upkeep.md)."""
+        (adr/0030-postings-and-index-upkeep.md)."""
         recorded = read_manifest(conn).get("bm25_stats")
         used = None
         if recorded and not getattr(self, "_rebuild_postings", True):

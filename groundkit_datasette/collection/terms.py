@@ -170,14 +170,14 @@ def idf_of(n, df):
 
 
 # (term, chunk) pairs decoded at once while postings are built or updated: the memory
-# of a rebuild is bounded by this, not by the corpus (adr/0025-ingest-postings-upkeep.md).
+# of a rebuild is bounded by this, not by the corpus (adr/0030-postings-and-index-upkeep.md).
 PAIRS_PER_PASS = 3_000_000
 # Chunk rows fetched from SQLite at a time; postings weighed at a time.
 _FETCH_ROWS = 4096
 _WEIGH_SLICE = 262_144
 # The statistics the stored weights were computed with (document count, average chunk
 # length) are kept while the collection's own stay within this relative distance of them;
-# past it every weight is recomputed. See adr/0025-ingest-postings-upkeep.md.
+# past it every weight is recomputed. See adr/0030-postings-and-index-upkeep.md.
 STATS_DRIFT = 0.01
 
 

@@ -21,7 +21,7 @@ ANN_INDEX = "IVF_HNSW_SQ"
 # Query-time settings measured to give recall@10 >= 0.95 (benchmarks/dense.py).
 ANN_EF = 150
 ANN_REFINE = 2
-# Index upkeep (adr/0025-ingest-postings-upkeep.md). Rows the index does not cover are
+# Index upkeep (adr/0030-postings-and-index-upkeep.md). Rows the index does not cover are
 # scanned exactly by every query; up to this many (or this share of the table) stay so.
 ANN_UNINDEXED_ROWS = 2000
 ANN_UNINDEXED_FRACTION = 0.01
@@ -34,7 +34,7 @@ ANN_RETRAIN_GROWTH = 1.5
 _KEEP_VERSIONS_DAYS = 365 * 100
 # Query side: at or below this many vectors, search exactly in numpy over the vectors held in
 # memory (read once per collection version) instead of asking LanceDB (benchmarks/dense.py:
-# 0.2 ms against 4 ms at 10k; adr/0025-dense-exact-search.md).
+# 0.2 ms against 4 ms at 10k; adr/0026-dense-exact-search.md).
 EXACT_MAX_ROWS = 50_000
 
 

@@ -38,7 +38,7 @@ def routes_for(tools) -> list[tuple[str, object]]:
         routes.append((Tool.route_regex(tool.json_route), json_view(tool)))
         if tool.html_route:
             routes.append((Tool.route_regex(tool.html_route), html_view(tool)))
-        for asset in tool.page_assets:  # files a page shows (adr/0025)
+        for asset in tool.page_assets:  # files a page shows (adr/0027)
             routes.append((asset.regex(), asset.view(tool)))
     routes.append(("^" + MCP_ROUTE + "$", mcp_http_view))
     routes.append(("^" + OPENAPI_ROUTE + "$", openapi_view))

@@ -1,6 +1,6 @@
 """A PDF citation drawn on its page: the page rendered by pdfium, the cited span highlighted.
 
-Read-only like every operation (adr/0025): the source is read under the base directory by
+Read-only like every operation (adr/0027): the source is read under the base directory by
 the rules a citation's check uses, rendered in memory, and the PNG kept only in a bounded
 in-memory LRU; nothing is written anywhere.
 

@@ -1,6 +1,6 @@
 """The chunk page's PDF page images: ``/<collection>/-/groundkit/chunks/<chunk_id>/pages/<n>.png``.
 
-A page asset of the ``fetch_chunk`` tool (adr/0025), reached like the page itself: behind the
+A page asset of the ``fetch_chunk`` tool (adr/0027), reached like the page itself: behind the
 instance boundary (Host, Origin, authentication), the collection through the registry
 (Datasette's view permissions), the chunk through the caller's document permissions (a
 hidden chunk answers as a missing one). Errors are the one error body, as JSON, or as a

@@ -35,7 +35,7 @@ _PARAM = re.compile(r"\{(\w+)\}")
 class PageAsset:
     """A file one tool's page shows (a PDF page image on the chunk page), served beside the
     page under its own route. Not an operation: it has no JSON or MCP form, but it is listed
-    in the table so that every route the plugin serves is (adr/0025)."""
+    in the table so that every route the plugin serves is (adr/0027)."""
 
     route: str
     view: Callable[["Tool"], Callable]
