@@ -123,6 +123,9 @@ class ClusterMap:
         self.documents_sent = 0
         self.batches_sent = 0
         self.batches_failed = 0
+        self.batches_retried = 0
+        # future key -> what it was sent, for the one retry of a batch lost with a worker.
+        self._sent: dict = {}
 
     def close(self) -> None:
         self.client.close()
@@ -151,6 +154,7 @@ class ClusterMap:
             have = [sorted(vectors.by_document.get(document_id_for(job.source), ()))
                     if vectors is not None else [] for job in payload]
             batch[1] = self.client.submit(process_batch, payload, have, settings, pure=False)
+            self._sent[batch[1].key] = (payload, have, settings)
             for job in batch[0]:
                 job.data = None  # the payload keeps the bytes until the task has them
             self.documents_sent += len(payload)
@@ -196,14 +200,26 @@ class ClusterMap:
                     slot[1].cancel()
 
     def _results(self, jobs, future) -> list:
-        try:
-            results = future.result()
-            if len(results) != len(jobs):
-                raise RuntimeError("a batch returned the wrong number of results")
-            return results
-        except Exception as exc:
-            self.batches_failed += 1
-            log.error("a cluster batch of %d files failed: %s", len(jobs), type(exc).__name__)
-            return [Outcome(False, "cluster batch failed") for _ in jobs]
-        finally:
+        sent = self._sent.pop(future.key, None)
+        while True:
+            try:
+                results = future.result()
+            except Exception as exc:
+                future.release()
+                if sent is not None and type(exc).__name__ == "KilledWorker":
+                    # A worker that dies takes the batches running beside the one that killed
+                    # it; sent again on its own, only the batch that kills workers is lost.
+                    future = self.client.submit(process_batch, *sent, pure=False)
+                    sent = None
+                    self.batches_retried += 1
+                    continue
+                return self._failed(jobs, type(exc).__name__)
             future.release()
+            if len(results) != len(jobs):
+                return self._failed(jobs, "a batch returned the wrong number of results")
+            return results
+
+    def _failed(self, jobs, why: str) -> list:
+        self.batches_failed += 1
+        log.error("a cluster batch of %d files failed: %s", len(jobs), why)
+        return [Outcome(False, "cluster batch failed") for _ in jobs]
