@@ -610,9 +610,9 @@ class Indexer:
         conn.isolation_level = None
         # The term ids of every chunk row the run deletes (by any path: an update, a removed
         # document, a cascade): the postings of just those terms are rewritten at the end.
-        conn.execute("CREATE TEMP TABLE removed_terms(id INTEGER PRIMARY KEY, term_ids BLOB)")
+        conn.execute("CREATE TEMP TABLE removed_terms(id INTEGER PRIMARY KEY, term_ids BLOB, length INTEGER)")
         conn.execute("CREATE TEMP TRIGGER removed_terms AFTER DELETE ON main.bm25_chunk_terms BEGIN "
-                     "INSERT OR REPLACE INTO removed_terms VALUES (old.id, old.term_ids); END")
+                     "INSERT OR REPLACE INTO removed_terms VALUES (old.id, old.term_ids, old.length); END")
         return conn
 
     def _bind_embedder(self, conn, manifest: dict):
@@ -1038,17 +1038,30 @@ class Indexer:
         """Rewrite the postings of the terms this run's chunk rows touched, or all of them when
         the settings changed, the statistics drifted or the file has none recorded
         (adr/0030-postings-and-index-upkeep.md)."""
-        recorded = read_manifest(conn).get("bm25_stats")
+        manifest = read_manifest(conn)
+        recorded = manifest.get("bm25_stats")
         used = None
+        # The token count of every chunk row (for avgdl), kept in the manifest so that a run
+        # need not read every row: the recorded one, less the rows deleted, plus those added.
+        totals = {}
         if recorded and not getattr(self, "_rebuild_postings", True):
             removed = dict(conn.execute("SELECT id, term_ids FROM temp.removed_terms"))
-            used = bm25_index.update_postings(conn, removed, self._first_new_row, json.loads(recorded))
+            if manifest.get("bm25_length"):
+                totals["length"] = (
+                    int(manifest["bm25_length"])
+                    - conn.execute("SELECT coalesce(sum(length), 0) FROM temp.removed_terms").fetchone()[0]
+                    + conn.execute("SELECT coalesce(sum(length), 0) FROM bm25_chunk_terms WHERE id >= ?",
+                                   (self._first_new_row,)).fetchone()[0])
+            used = bm25_index.update_postings(conn, removed, self._first_new_row, json.loads(recorded),
+                                              totals=totals)
         self.postings_rebuilt = used is None
         if used is None:
-            used = bm25_index.rebuild_postings(conn)
-        conn.execute(
-            "INSERT INTO groundkit_manifest(key, value) VALUES ('bm25_stats', ?) "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (json.dumps(used),))
+            totals = {}
+            used = bm25_index.rebuild_postings(conn, totals=totals)
+        conn.executemany(
+            "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [("bm25_stats", json.dumps(used)), ("bm25_length", str(totals.get("length", "")))])
 
     def _publish(self, work: Path) -> None:
         with open(work, "rb") as f:
