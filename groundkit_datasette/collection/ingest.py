@@ -427,6 +427,9 @@ class Indexer:
             self.index_dir.mkdir(parents=True, mode=self._dir_mode)
             os.chmod(self.index_dir, self._dir_mode)  # mkdir's mode is filtered by the umask
         report = IngestReport()
+        # Wall seconds per stage of this run (benchmarks/ingest.py prints them).
+        self.timings: dict[str, float] = {}
+        self._last_mark = time.perf_counter()
         with self._write_lock():
             self._remove_stale_copies()
             work = self.index_dir / f".{self.name}.sqlite3.ingest-{os.getpid()}"
@@ -435,11 +438,13 @@ class Indexer:
                 os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode))
                 os.chmod(work, self._file_mode)
                 conn = self._open_private_copy(work)
+                self._mark("open")
                 try:
                     # One transaction for the run (the copy is private): per-document commits
                     # would make FTS5 write and merge a segment per document.
                     conn.execute("BEGIN")
                     changed, vectors = self._run(conn, base, roots, report)
+                    self._mark("documents")
                     if changed:
                         self._finish(conn, vectors)
                     else:
@@ -450,6 +455,7 @@ class Indexer:
                     raise
                 if changed:
                     self._publish(work)
+                    self._mark("publish")
                     report.published = True
                     self.published_seconds = time.perf_counter() - started
             finally:
@@ -459,13 +465,20 @@ class Indexer:
                     work.unlink()
                 # The replaced version's last name, dropped once the new one is live.
                 self._retired.unlink(missing_ok=True)
+                self._mark("retire")
             if report.published and self.spare_copy:
                 self._make_spare()
+                self._mark("spare")
                 if not report.published and self._created_lance is not None and not self.path.exists():
                     shutil.rmtree(self._created_lance, ignore_errors=True)  # nothing refers to it
         report.seconds = time.perf_counter() - started
         self.progress({"event": "done", "report": report})
         return report
+
+    def _mark(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - self._last_mark
+        self._last_mark = now
 
     def _choose_modes(self) -> None:
         group = self.group_readable
@@ -1019,6 +1032,7 @@ class Indexer:
     def _finish(self, conn, vectors) -> None:
         self.progress({"event": "postings"})
         self._keep_postings(conn)
+        self._mark("postings")
         if vectors is not None:
             version = vectors.commit()
             self.ann_action = vectors.index_action
@@ -1029,10 +1043,12 @@ class Indexer:
                 [("lance_version", str(version)), ("ann_index", vectors.ann_index or ""),
                  ("ann_trained_rows", str(vectors.trained_rows or ""))],
             )
+            self._mark("vectors")
         conn.execute("COMMIT")
         # Immutable readers ignore WAL content: leave a plain rollback-journal file.
         conn.execute("PRAGMA journal_mode = DELETE")
         conn.execute("PRAGMA optimize")
+        self._mark("commit")
 
     def _keep_postings(self, conn) -> None:
         """Rewrite the postings of the terms this run's chunk rows touched, or all of them when

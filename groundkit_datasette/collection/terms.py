@@ -250,6 +250,11 @@ class _Chunks:
         lengths = np.zeros(ids.size, dtype=np.int64)  # known for the new rows only
         lengths[old.size:] = [r[1] for r in new]
         out = cls(ids, lengths, docs, offset + len(ordinal))
+        # Whether each document that lost rows lost all of them (as a run rewrites documents):
+        # then a term's df moves only by the documents of the deleted and the added rows.
+        out.gone_docs = published[gone[gone < published.size]].astype(np.int64)
+        out.whole_documents = bool((gone < published.size).all() and (out.gone_docs >= 0).all()
+                                   and not np.isin(out.gone_docs, published[old]).any())
         out._conn = conn
         out._known = np.zeros(out.length_of.size, dtype=bool)
         out._known[ids[old.size:]] = True
@@ -553,6 +558,12 @@ def update_postings(conn: sqlite3.Connection, removed: dict[int, bytes], first_n
                 "SELECT term_id, length(chunk_ids) / 4 FROM bm25_postings WHERE term_id IN "
                 f"({','.join('?' * len(part))})", part))
         cf = np.array([sizes.get(t, 0) for t in touched.tolist()], dtype=np.int64)
+        if getattr(chunks, "whole_documents", False):
+            # Terms whose df the run leaves as it was keep their stored weights: their lists are
+            # spliced as bytes. The others are rewritten below, weights recomputed.
+            same = _unchanged_df(conn, touched, removed, gone, chunks, a_ids, a_terms)
+            _splice_terms(conn, touched[same], gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, k1, b)
+            touched, cf = touched[~same], cf[~same]
         budget = max(1, PAIRS_PER_PASS // 3)  # an update holds more per posting than a rebuild
         lo = 0
         while lo < touched.size:  # groups of terms holding at most that many old postings
@@ -563,6 +574,82 @@ def update_postings(conn: sqlite3.Connection, removed: dict[int, bytes], first_n
             lo = hi
     _write_orders(conn, chunks, _tie_order_after_run(conn, gone, first_new_row))
     return stats
+
+
+def _unchanged_df(conn, terms, removed, gone, chunks, a_ids, a_terms) -> np.ndarray:
+    """Which of ``terms`` keep their df: documents that lost rows lost all of them, so a term's
+    df drops by the documents of the deleted rows holding it and rises by those of the added
+    rows holding it (each counted once per document)."""
+    def per_term(t, d):
+        if not t.size:
+            return np.zeros(terms.size, dtype=np.int64)
+        pairs = np.unique(t.astype(np.int64) * (chunks.documents + chunks.gone_docs.max(initial=0) + 2) + d)
+        counted = pairs // (chunks.documents + chunks.gone_docs.max(initial=0) + 2)
+        out = np.zeros(terms.size, dtype=np.int64)
+        u, k = np.unique(counted, return_counts=True)
+        out[np.searchsorted(terms, u)] = k
+        return out
+
+    r_terms = [np.frombuffer(removed[int(i)], dtype=np.int32) for i in gone]
+    r_docs = [np.full(t.size, d, dtype=np.int64) for t, d in zip(r_terms, chunks.gone_docs.tolist())]
+    lost = per_term(np.concatenate(r_terms) if r_terms else np.empty(0, np.int32),
+                    np.concatenate(r_docs) if r_docs else np.empty(0, np.int64))
+    gained = per_term(a_terms, chunks.doc_of[a_ids])
+    delta = gained - lost
+    before = {}
+    for g in range(0, terms.size, 900):
+        part = [int(t) for t in terms[g : g + 900]]
+        before.update(conn.execute(f"SELECT term_id, doc_freq FROM bm25_vocab WHERE term_id IN "
+                                   f"({','.join('?' * len(part))}) AND doc_freq > 0", part))
+    known = np.array([t in before for t in terms.tolist()], dtype=bool)
+    return known & (delta == 0)
+
+
+def _splice_terms(conn, terms, gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, k1, b) -> None:
+    """Rewrite the lists of ``terms`` (whose df is unchanged): the stored ids and weights as
+    bytes, the deleted rows cut out (they lie between the lowest and highest deleted id), the
+    added rows appended with weights from the same statistics."""
+    if not terms.size:
+        return
+    sel = np.flatnonzero(np.isin(a_terms, terms))
+    order = sel[np.argsort(a_terms[sel], kind="stable")]  # row order within each term
+    t_add, i_add = a_terms[order], a_ids[order]
+    dfs = {}
+    for g in range(0, terms.size, 900):
+        part = [int(t) for t in terms[g : g + 900]]
+        dfs.update(conn.execute(f"SELECT term_id, doc_freq FROM bm25_vocab WHERE term_id IN "
+                                f"({','.join('?' * len(part))})", part))
+    df = np.array([dfs[t] for t in terms.tolist()], dtype=np.int64)
+    at = np.searchsorted(terms, t_add)
+    w_add = term_weights(idf_of(n, df)[at], a_freqs[order], chunks.lengths_of(i_add), avgdl, k1, b)
+    ids_add = i_add.astype(np.int32)
+    bounds = np.searchsorted(t_add, terms), np.searchsorted(t_add, terms, side="right")
+    g_lo, g_hi = (int(gone[0]), int(gone[-1])) if gone.size else (0, -1)
+    rows = []
+    for g in range(0, terms.size, 900):
+        part = [int(t) for t in terms[g : g + 900]]
+        for t, ids_blob, w_blob in conn.execute(
+                f"SELECT term_id, chunk_ids, weights FROM bm25_postings WHERE term_id IN "
+                f"({','.join('?' * len(part))})", part):
+            ids = np.frombuffer(ids_blob, dtype=np.int32)
+            k = int(np.searchsorted(terms, t))
+            s0, s1 = int(bounds[0][k]), int(bounds[1][k])
+            if g_hi >= g_lo:
+                lo, hi = int(np.searchsorted(ids, g_lo)), int(np.searchsorted(ids, g_hi, side="right"))
+            else:
+                lo = hi = ids.size
+            if lo < hi:
+                keep = ~np.isin(ids[lo:hi], gone)
+                mid_i = ids[lo:hi][keep].tobytes()
+                mid_w = np.frombuffer(w_blob, dtype=np.float32)[lo:hi][keep].tobytes()
+            else:
+                mid_i = mid_w = b""
+            rows.append((t, ids_blob[: 4 * lo] + mid_i + ids_blob[4 * hi :] + ids_add[s0:s1].tobytes(),
+                         w_blob[: 4 * lo] + mid_w + w_blob[4 * hi :] + w_add[s0:s1].tobytes()))
+        if rows:
+            conn.executemany("INSERT OR REPLACE INTO bm25_postings(term_id, chunk_ids, weights) "
+                             "VALUES (?, ?, ?)", rows)
+            rows = []
 
 
 def _update_terms(conn, terms, gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, k1, b) -> None:
