@@ -454,9 +454,13 @@ class Indexer:
             self._remove_stale_copies()
             work = self.index_dir / f".{self.name}.sqlite3.ingest-{os.getpid()}"
             try:
-                # Created with its final mode before any corpus text is written into it.
-                os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode))
-                os.chmod(work, self._file_mode)
+                # The spare copy becomes the private copy (renamed to a free name: renaming over
+                # a file would make ext4 start writing the whole spare out, adr/0031). Otherwise
+                # the copy is created with its final mode before any corpus text is written.
+                self._took_spare = self.path.exists() and self._take_spare(work)
+                if not self._took_spare:
+                    os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode))
+                    os.chmod(work, self._file_mode)
                 conn = self._open_private_copy(work)
                 self._mark("open")
                 try:
@@ -611,7 +615,8 @@ class Indexer:
             if not same:
                 spare.unlink()
                 return False
-            os.replace(spare, work)
+            work.unlink(missing_ok=True)  # a dead run's, with this pid
+            os.rename(spare, work)
             os.chmod(work, self._file_mode)
         except OSError:
             return False
@@ -620,7 +625,6 @@ class Indexer:
     def _open_private_copy(self, work: Path) -> sqlite3.Connection:
         live = self.path
         if live.exists():
-            self._took_spare = self._take_spare(work)
             if not self._took_spare:
                 _copy_file(live, work)
             conn = sqlite3.connect(work)
