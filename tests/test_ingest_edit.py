@@ -180,7 +180,7 @@ def test_a_spare_of_another_version_is_not_used(tmp_path, clustered):
 
 
 def test_a_spare_from_before_a_reboot_is_removed_unused(tmp_path, clustered):
-    """A spare is never synced: one named for another boot may be torn, so it is dropped."""
+    """A spare named for another boot may be torn (a crash before its sync): it is dropped."""
     corpus, index_dir = tmp_path / "c", tmp_path / "index"
     _write(corpus)
     _indexer(corpus, index_dir).ingest([corpus])

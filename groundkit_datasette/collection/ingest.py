@@ -579,7 +579,9 @@ class Indexer:
 
     def _make_spare(self) -> None:
         """Copy the file just published for the next run (under the lock, never read by anyone
-        else). Not synced: a crash changes the boot id in its name, so it is not trusted."""
+        else). Synced here, after the publish, so that the next publish's fsync writes only what
+        that run changed; a crash before then changes the boot id in its name, so a copy that
+        may be torn is never used."""
         spare = self._spare_path()
         if spare is None:
             return
@@ -588,6 +590,8 @@ class Indexer:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode))
             os.chmod(tmp, self._file_mode)
             _copy_file(self.path, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
             os.replace(tmp, spare)
         except OSError as exc:  # only the next run's speed depends on it
             log.warning("could not keep a spare copy of collection '%s': %s", self.name, exc.strerror)
