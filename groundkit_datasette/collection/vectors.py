@@ -272,7 +272,7 @@ class VectorWriter:
     """Buffers one ingest run's vector changes and applies them at commit.
 
     The chunk ids already stored are read for the documents a run touches, a filtered scan
-    of the id columns each time (adr/0030); past :data:`LAZY_ID_QUERIES` such reads, or when
+    of the id columns each time (adr/0031); past :data:`LAZY_ID_QUERIES` such reads, or when
     :meth:`load_all` is called, every id is read at once."""
 
     LAZY_ID_QUERIES = 16
@@ -345,8 +345,12 @@ class VectorWriter:
         self._all_loaded = True
 
     def existing_ids(self, chunk_ids, document_ids=()) -> set[str]:
-        """Which of ``chunk_ids`` (of the documents ``document_ids``) have a vector."""
-        self.load_documents(document_ids)
+        """Which of ``chunk_ids`` (of the documents ``document_ids``) have a vector. Without
+        ``document_ids`` every stored id is read first."""
+        if document_ids:
+            self.load_documents(document_ids)
+        else:
+            self.load_all()
         return {c for c in chunk_ids if c in self.ids}
 
     def replace_document(self, document_id: str, new_rows, keep_ids) -> None:
