@@ -598,8 +598,9 @@ class Indexer:
             tmp.unlink(missing_ok=True)
 
     def _return_spare(self, work: Path) -> None:
-        """A run that published nothing rolled its copy back: it is the spare again, unless
-        something was committed to it (its header's change counter says so)."""
+        """A run that published nothing rolled its copy back (SQLite restores every page it
+        changed, and the size): it is the spare again, unless something was committed to it
+        (the header's change counter says so). So a refused run leaves the directory as it was."""
         spare = self._spare_path()
         try:
             with open(self.path, "rb") as a, open(work, "rb") as b:
@@ -877,7 +878,7 @@ class Indexer:
         """
         if self._vectors_complete:
             # Every chunk had its vector at the published version and each chunk this run
-            # wrote got one: nothing to look for (adr/0030).
+            # wrote got one: nothing to look for (adr/0031).
             return False
         missing: dict[str, list[str]] = {}
         vectors.load_all()
