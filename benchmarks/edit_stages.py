@@ -1,6 +1,6 @@
 """One-file edits in one process, per stage (issue 14, adr/0031): wall and CPU seconds of each
 stage of ``Indexer.ingest`` (``Indexer.timings``), lancedb imported first as in a long-running
-``groundkit watch``. The fresh-process comparison with the baseline is benchmarks/ingest.py
+``groundkit ingest --watch``. The fresh-process comparison with the baseline is benchmarks/ingest.py
 --debian --incremental-from.
 
     python benchmarks/edit_stages.py COPY_OF_A_VECTOR_COLLECTION_DIR [EDITS]
