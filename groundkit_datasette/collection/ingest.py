@@ -490,11 +490,11 @@ class Indexer:
                 # The replaced version's last name, dropped once the new one is live.
                 self._retired.unlink(missing_ok=True)
                 self._mark("retire")
+                if not report.published and self._created_lance is not None and not self.path.exists():
+                    shutil.rmtree(self._created_lance, ignore_errors=True)  # nothing refers to it
             if report.published and self.spare_copy:
                 self._make_spare()
                 self._mark("spare")
-                if not report.published and self._created_lance is not None and not self.path.exists():
-                    shutil.rmtree(self._created_lance, ignore_errors=True)  # nothing refers to it
         report.seconds = time.perf_counter() - started
         self.progress({"event": "done", "report": report})
         return report
