@@ -118,7 +118,7 @@ def worker(engine: str, spec_file: str) -> dict:
             by_id = {r[14]: r for r in rows}
             ranked_list = [(by_id[i][0], s) for i, s in zip(ids, scores)]
             comps = {cid: {"bm25": {"rank": n, "score": s}} for n, (cid, s) in enumerate(ranked_list, 1)}
-            hits = _search._hits(col, ranked_list[:TOP_K], comps, 1, {r[0]: r for r in rows})
+            hits, _rows = _search._hits(col, ranked_list[:TOP_K], comps, 1, {r[0]: r for r in rows})
             return _search.build_response(dict(
                 collection=col.name, mode="bm25", generation=col.generation, top_k=TOP_K, offset=0,
                 next_offset=TOP_K if len(ids) > TOP_K else None,

@@ -273,25 +273,26 @@ def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | N
     query order) whose term the chunk's indexed text holds: what BM25 matches there, for a
     hit of any mode.
 
-    One lookup for all terms at once: each term's postings (row ids ascending, as
-    ``rebuild_postings`` writes them) keyed by ``term index << 32 | row id`` are in ascending
-    order together, so a single ``searchsorted`` answers every (term, hit) pair."""
+    Each term's postings hold its row ids ascending (as ``rebuild_postings`` writes them),
+    so one ``searchsorted`` of the hits' ids per term answers it, in time logarithmic in the
+    postings (the ids are looked up as int32, the postings' own type, so nothing is copied)."""
     words = query_words(query)
-    rows = np.asarray(list(row_ids), dtype=np.int64)
+    rows = np.asarray(row_ids, dtype=np.int64)
     if not words or not rows.size:
         return [[] for _ in range(rows.size)]
     postings = _postings_of(conn, sorted({t for _, t in words}), cache)
-    terms = [t for t, found in postings.items() if found is not None and found.ids.size]
-    if not terms:
-        return [[] for _ in range(rows.size)]
-    arrays = [postings[t].ids for t in terms]
-    sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
-    keys = np.concatenate(arrays).astype(np.int64)
-    keys += np.repeat(np.arange(len(terms), dtype=np.int64) << 32, sizes)
-    wanted = ((np.arange(len(terms), dtype=np.int64) << 32)[:, None] + rows[None, :]).ravel()
-    at = np.minimum(keys.searchsorted(wanted), keys.size - 1)
-    holds = dict(zip(terms, (keys[at] == wanted).reshape(len(terms), rows.size).tolist()))
+    # Row ids past int32 cannot be in an int32 posting list: clip them to a value none holds.
+    wanted = np.clip(rows, -1, np.iinfo(np.int32).max).astype(np.int32)
+    holds = {}
+    for term, found in postings.items():
+        if found is None or not found.ids.size:
+            continue
+        ids = found.ids
+        at = np.minimum(ids.searchsorted(wanted), ids.size - 1)
+        holds[term] = (ids[at] == wanted).tolist()
     pairs = [(w, holds[t]) for w, t in dict(words).items() if t in holds]
+    if not pairs:
+        return [[] for _ in range(rows.size)]
     return [[w for w, held in pairs if held[i]] for i in range(rows.size)]
 
 
