@@ -128,7 +128,7 @@ def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
 def _query_postings(conn, query: str, cache: dict | None):
     """The query's terms that occur, as ``(postings, repeats)`` in sorted term order (the
     order their weights are summed in: every scorer here adds them in this order)."""
-    tokens = tokenize(query)
+    tokens = [t for _, t in query_words(query)]  # tokenize(query), kept for matched_terms
     terms = sorted(set(tokens))
     if not terms:
         return [], []
@@ -207,7 +207,7 @@ def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
     if touched < top * SPARSE_FRACTION:
         every = np.concatenate([ids for ids, _ in postings])
         reached = every[acc[every] >= floor] if floor > 0 else every
-        hit = np.unique(reached)
+        hit = _distinct(reached)
         scores = acc[hit]
         acc[every] = 0
         return hit.astype(np.int64), scores
@@ -219,6 +219,15 @@ def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
     scores = acc[hit]
     acc.fill(0)
     return hit, scores
+
+
+def _distinct(ids: np.ndarray) -> np.ndarray:
+    """``np.unique(ids)`` by a sort: numpy's hashing ``unique`` (2.x) is several times slower
+    on the int32 row ids a query yields."""
+    ids = np.sort(ids)
+    if ids.size > 1:
+        ids = ids[np.concatenate(([True], ids[1:] != ids[:-1]))]
+    return ids
 
 
 def _buffers(cache: dict | None, size: int):
@@ -281,8 +290,7 @@ def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | N
     if not words or not rows.size:
         return [[] for _ in range(rows.size)]
     postings = _postings_of(conn, sorted({t for _, t in words}), cache)
-    # Row ids past int32 cannot be in an int32 posting list: clip them to a value none holds.
-    wanted = np.clip(rows, -1, np.iinfo(np.int32).max).astype(np.int32)
+    wanted = rows.astype(np.int32)  # row ids are SQLite's, below the postings' int32 limit
     holds = {}
     for term, found in postings.items():
         if found is None or not found.ids.size:

@@ -176,7 +176,7 @@ def _source_changed(collection, rows) -> dict:
     from .citations import StaleCheck
 
     check = collection.__dict__.get("_stale_check")
-    if check is None or check.base_dir != collection.base_dir:
+    if check is None or check.base_dir is not collection.base_dir:
         check = collection.__dict__["_stale_check"] = StaleCheck(collection.base_dir)
     docs = {r[1]: (r[2], r[12], r[13]) for r in rows}
     return dict(zip(docs, check.changed(docs.values())))
@@ -258,12 +258,16 @@ def build_response(fields: dict, *, trusted: bool) -> SearchResponse:
     for h in fields["hits"]:  # dicts in Hit's field order, from _hits: they become the models'
         parts = h["components"]
         if parts:
-            h["components"] = {k: built(ComponentScore, v) for k, v in parts.items()}
+            h["components"] = {k: built_whole(ComponentScore, dict(v)) if tuple(v) == _RANK_SCORE
+                               else built(ComponentScore, v) for k, v in parts.items()}
         hits.append(built_whole(Hit, h))
     groups = fields.get("groups")
     if groups is not None:
         groups = [built(DocumentGroup, g) for g in groups]
     return built(SearchResponse, dict(fields, hits=hits, groups=groups))
+
+
+_RANK_SCORE = ("rank", "score")  # ComponentScore's fields, in order (RankContext.record)
 
 
 def _ranking_depth(request: SearchRequest, mode_name: str) -> int:
