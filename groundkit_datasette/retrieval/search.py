@@ -15,7 +15,10 @@ from .models import (
     MAX_OFFSET, MAX_TOP_K, ComponentScore, DocumentGroup, Hit, SearchRequest, SearchResponse, built,
     built_whole,
 )
-from .modes import HYBRID_DEPTH, RRF_K, fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
+from . import bm25
+from .citations import StaleCheck
+from .modes import BUILTIN_MODES, HYBRID_DEPTH, RRF_K, RankContext, registered_modes
+from .modes import fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
 from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (part of the API)
 
 _GLOB_CHARS = set("*?[")
@@ -173,8 +176,6 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
 def _source_changed(collection, rows) -> dict:
     """document_id -> whether its file's size or mtime differs from ingest's record: one
     ``stat`` per distinct document of the hit list (cost in docs/performance.md)."""
-    from .citations import StaleCheck
-
     check = collection.__dict__.get("_stale_check")
     if check is None or check.base_dir is not collection.base_dir:
         check = collection.__dict__["_stale_check"] = StaleCheck(collection.base_dir)
@@ -189,8 +190,6 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     applied here, before ranking for the built-in rankers and again to whatever a mode
     returns, so no mode can hand out a chunk the reader may not see.
     """
-    from .modes import BUILTIN_MODES, RankContext, registered_modes
-
     started = time.perf_counter()
     modes = registered_modes()
     name = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
@@ -376,8 +375,6 @@ def _above_floor(mode_name: str, ranked, components, floor: float):
 def _add_matches(collection, query: str, hits: list[dict], row_ids: list[int], allowed) -> bool:
     """Set each hit's ``matched_terms``; return whether any chunk the search may return
     contains a query word (``lexical_match``), looked up only when no hit does."""
-    from . import bm25
-
     if hits:
         with collection._lock:
             matched = bm25.matched_terms(collection._conn, query, row_ids,
