@@ -185,13 +185,17 @@ def worker(engine: str, spec_file: str) -> dict:
             finally:
                 _search._add_matches = saved
 
-        def search_rows_uncached(q):  # every hit row read from SQLite, as on a first query
-            col.__dict__.pop("_hit_row_cache", None)
-            return search(q)
+        def uncached(fn):
+            def run(q):  # every hit row read from SQLite, as on a first query; the rows
+                kept = col.__dict__.pop("_hit_row_cache", None)  # the others read stay kept
+                try:
+                    return fn(q)
+                finally:
+                    if kept is not None:
+                        col.__dict__["_hit_row_cache"] = kept
+            return run
 
-        def response_uncached(q):
-            col.__dict__.pop("_hit_row_cache", None)
-            return response(q)
+        search_rows_uncached, response_uncached = uncached(search), uncached(response)
 
         variants = {
             "search": search, "search + model_dump_json": search_json,

@@ -13,6 +13,7 @@ from ..collection.terms import (  # noqa: F401  (the reading side uses the write
     B, DOCUMENT_MAP_ID, IDF_UNIT, K1, STOP_WORDS, TIE_ORDER_ID, TermTable, idf_of,
     rebuild_postings, settings, tokenize,
 )
+from ..collection.terms import _CJK_CHAR, _TOKEN, _stemmer, cjk_bigrams
 
 # Postings kept in memory per open collection (one published version, so never stale).
 POSTINGS_CACHE_TERMS = 50_000
@@ -257,13 +258,11 @@ def _buffers(cache: dict | None, size: int):
 # -- which query words a chunk holds (matched_terms, lexical_match) -------------------
 
 
-@lru_cache(maxsize=256)  # a search asks twice (matched_terms, term_rows); pages repeat queries
+@lru_cache(maxsize=1024)  # a search asks three times (ranking, matched_terms, term_rows)
 def query_words(query: str) -> tuple[tuple[str, str], ...]:
     """``(word, term)`` for each indexed token of ``query``, in query order: the terms
     :func:`tokenize` gives, each beside the lower-cased word it came from (a CJK run gives
     its bigrams, each its own word). Stop words have no term and are left out."""
-    from ..collection.terms import _CJK_CHAR, _TOKEN, _stemmer, cjk_bigrams
-
     out = []
     for token in _TOKEN.findall(query.lower()):
         if _CJK_CHAR.match(token):

@@ -162,15 +162,20 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
             raise IndexInconsistent(
                 "the collection's vectors and chunks disagree; re-run groundkit ingest"
             )
-        hits.append({
-            "chunk_id": cid, "document_id": r[1], "source": r[2], "title": r[3],
-            "start_offset": r[4], "end_offset": r[5], "line_start": r[6], "line_end": r[7],
-            "page_start": r[8], "page_end": r[9], "heading": r[10], "content": r[11],
-            "rank": rank, "score": score, "components": components.get(cid, {}),
-            "source_changed": changed[r[1]], "matched_terms": [],
-        })
+        hit = dict(zip(_CITATION_FIELDS, r))  # the row's first twelve columns, by name
+        hit["rank"] = rank
+        hit["score"] = score
+        hit["components"] = components.get(cid, {})
+        hit["source_changed"] = changed[r[1]]
+        hit["matched_terms"] = []
+        hits.append(hit)
         row_ids.append(r[14])
     return hits, row_ids
+
+
+# Hit's fields from Citation, in order: the first twelve columns of _HIT_SQL.
+_CITATION_FIELDS = ("chunk_id", "document_id", "source", "title", "start_offset", "end_offset",
+                    "line_start", "line_end", "page_start", "page_end", "heading", "content")
 
 
 def _source_changed(collection, rows) -> dict:
@@ -257,7 +262,9 @@ def build_response(fields: dict, *, trusted: bool) -> SearchResponse:
     for h in fields["hits"]:  # dicts in Hit's field order, from _hits: they become the models'
         parts = h["components"]
         if parts:
-            h["components"] = {k: built_whole(ComponentScore, dict(v)) if tuple(v) == _RANK_SCORE
+            # The entries RankContext.record made for this search alone: they become the
+            # models' own dicts.
+            h["components"] = {k: built_whole(ComponentScore, v) if tuple(v) == _RANK_SCORE
                                else built(ComponentScore, v) for k, v in parts.items()}
         hits.append(built_whole(Hit, h))
     groups = fields.get("groups")
