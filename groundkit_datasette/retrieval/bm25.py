@@ -306,9 +306,8 @@ def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | N
     for term, found in postings.items():
         if found is None or not found.ids.size:
             continue
-        ids = found.ids
-        at = np.minimum(ids.searchsorted(wanted), ids.size - 1)
-        holds[term] = (ids[at] == wanted).tolist()
+        ids = found.ids  # an id past the last posting finds the last one, and differs
+        holds[term] = (ids.take(ids.searchsorted(wanted), mode="clip") == wanted).tolist()
     pairs = [(w, holds[t]) for w, t in dict(words).items() if t in holds]
     if not pairs:
         return [[] for _ in range(rows.size)]
