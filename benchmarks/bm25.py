@@ -65,17 +65,6 @@ def _quality(search_rows, spec, source_of_row):
 PAIRED = "bm25s-numba, same process, interleaved"
 
 
-def _timed_pass(fn, queries):
-    """One pass of ``fn(q)`` over the queries: per-call wall and CPU times in ms."""
-    wall, used = [], []
-    for q in queries:
-        t, u = time.perf_counter(), time.process_time()
-        fn(q)
-        used.append((time.process_time() - u) * 1000)
-        wall.append((time.perf_counter() - t) * 1000)
-    return wall, used
-
-
 def _no_matches(collection, query, hits, row_ids, allowed):
     return True
 
@@ -217,13 +206,22 @@ def worker(engine: str, spec_file: str) -> dict:
             variants[PAIRED] = lambda q: baseline(q, TOP_K)
             for q in queries:
                 baseline(q, TOP_K)
+        # Round robin per query: every variant (and the baseline) answers a query before the
+        # next query is asked, so other processes' load falls on all of them alike.
         passes = {label: [] for label in variants}
         cpu = {label: [] for label in variants}
         for _ in range(repeats):
-            for label, fn in variants.items():
-                wall, used = _timed_pass(fn, queries)
-                passes[label].append(wall)
-                cpu[label].append(used)
+            wall = {label: [] for label in variants}
+            used = {label: [] for label in variants}
+            for q in queries:
+                for label, fn in variants.items():
+                    t, u = time.perf_counter(), time.process_time()
+                    fn(q)
+                    used[label].append((time.process_time() - u) * 1000)
+                    wall[label].append((time.perf_counter() - t) * 1000)
+            for label in variants:
+                passes[label].append(wall[label])
+                cpu[label].append(used[label])
         out["variants"] = {label: c.latency_stats(p) for label, p in passes.items()}
         # CPU time per query (this process): on a loaded machine, the figure least moved by
         # other processes' work.

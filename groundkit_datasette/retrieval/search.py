@@ -114,13 +114,15 @@ def hit_rows(collection, key: str, values: list) -> list[tuple]:
     if key != "id":
         return _query_hit_rows(collection, "chunk_id", values)
     cache = _row_cache(collection)
-    missing = [i for i in values if i not in cache]
+    found = {i: cache.get(i) for i in values}
+    missing = [i for i, r in found.items() if r is None]
     if missing:
-        for r in _query_hit_rows(collection, "id", missing):
-            cache[r[14]] = r
-        while len(cache) > HIT_ROW_CACHE:
-            del cache[next(iter(cache))]  # the oldest first (dicts keep insertion order)
-    return [cache[i] for i in values if i in cache]
+        with collection._lock:  # searches may run in several threads
+            for r in _query_hit_rows(collection, "id", missing):
+                found[r[14]] = cache[r[14]] = r
+            while len(cache) > HIT_ROW_CACHE:
+                del cache[next(iter(cache))]  # the oldest first (dicts keep insertion order)
+    return [r for r in found.values() if r is not None]
 
 
 # Hit rows kept in memory per open collection, read by row id (about 1 kB each).
