@@ -100,19 +100,30 @@ def test_a_filtered_search_keeps_the_reference_order_among_allowed_chunks(tmp_pa
 
 def test_a_bm25_search_reads_its_hits_with_one_lookup_by_row_id(tmp_path):
     """Ranked row ids to hits: one SQL query on ``chunks`` (by integer id), not a chunk-id
-    lookup followed by a second join on the text ids."""
+    lookup followed by a second join on the text ids; rows read once are not read again
+    from the same open collection (one published version), and only new rows are queried."""
     with _corpus(tmp_path, 4) as col:
-        col.search(query="w1 w2", mode="bm25")  # postings and tie order now cached
+        first = col.search(query="w1 w2", mode="bm25", top_k=5)  # postings, tie order cached
         statements = []
         col._conn.set_trace_callback(statements.append)
         try:
-            response = col.search(query="w1 w2", mode="bm25", top_k=5)
+            again = col.search(query="w1 w2", mode="bm25", top_k=5)
+            cached = [s for s in statements if "FROM chunks" in s]
+            statements.clear()
+            page = col.search(query="w1 w2", mode="bm25", top_k=5, offset=5)
         finally:
             col._conn.set_trace_callback(None)
-        assert response.hits
+        assert first.hits and again.model_dump(exclude={"timings_ms"}) == first.model_dump(
+            exclude={"timings_ms"})
+        assert cached == []
+        assert page.hits
         on_chunks = [s for s in statements if "FROM chunks" in s]
         assert len(on_chunks) == 1, on_chunks
         assert "c.id IN" in on_chunks[0]
+        # The rows already held (the first search read the top 6) are not asked for again:
+        # the second page's ranking reads 11.
+        asked = on_chunks[0].split("IN (", 1)[1].split(")", 1)[0].split(",")
+        assert len(asked) == 5, on_chunks
 
 
 def test_a_search_response_built_without_validation_equals_the_validated_one(tmp_path):

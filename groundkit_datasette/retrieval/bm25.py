@@ -13,6 +13,7 @@ from ..collection.terms import (  # noqa: F401  (the reading side uses the write
     B, DOCUMENT_MAP_ID, IDF_UNIT, K1, STOP_WORDS, TIE_ORDER_ID, TermTable, idf_of,
     rebuild_postings, settings, tokenize,
 )
+from ..collection.terms import _CJK_CHAR, _TOKEN, _stemmer, cjk_bigrams
 
 # Postings kept in memory per open collection (one published version, so never stale).
 POSTINGS_CACHE_TERMS = 50_000
@@ -87,7 +88,7 @@ class Postings:
     the order statistic the top-k cut needs (:meth:`kth`), derived in memory on first use.
     Unpacks as ``ids, weights``."""
 
-    __slots__ = ("ids", "weights", "_top")
+    __slots__ = ("ids", "weights", "_top", "_rows")
     # How many of a term's largest weights are kept (sorted) for :meth:`kth`.
     TOP_KEPT = 128
 
@@ -95,9 +96,18 @@ class Postings:
         self.ids = ids
         self.weights = weights
         self._top = None
+        self._rows = None
 
     def __iter__(self):
         return iter((self.ids, self.weights))
+
+    def rows(self) -> np.ndarray:
+        """``ids`` as numpy's index type, derived on first use: an int32 index is converted on
+        every scatter into the accumulator, a fifth of its cost for a long posting list."""
+        rows = self._rows
+        if rows is None:
+            rows = self._rows = self.ids.astype(np.intp)
+        return rows
 
     def kth(self, k: int) -> np.float32:
         """The ``k``-th largest weight, or 0 when the term has fewer postings (or ``k`` is
@@ -128,7 +138,7 @@ def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
 def _query_postings(conn, query: str, cache: dict | None):
     """The query's terms that occur, as ``(postings, repeats)`` in sorted term order (the
     order their weights are summed in: every scorer here adds them in this order)."""
-    tokens = tokenize(query)
+    tokens = [t for _, t in query_words(query)]  # tokenize(query), kept for matched_terms
     terms = sorted(set(tokens))
     if not terms:
         return [], []
@@ -201,13 +211,16 @@ def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict
 
 
 def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
-    touched = sum(ids.size for ids, _ in postings)
-    for (ids, weights), n in zip(postings, repeats):  # the same sums, in the same order, as score()
-        acc[ids] += weights if n == 1 else weights * np.float32(n)
-    if touched < top * SPARSE_FRACTION:
+    touched = sum(p.ids.size for p in postings)
+    sparse = touched < top * SPARSE_FRACTION
+    for p, n in zip(postings, repeats):  # the same sums, in the same order, as score()
+        weights = p.weights
+        acc[p.ids if sparse else p.rows()] += (
+            weights if n == 1 else weights * np.float32(n))
+    if sparse:
         every = np.concatenate([ids for ids, _ in postings])
         reached = every[acc[every] >= floor] if floor > 0 else every
-        hit = np.unique(reached)
+        hit = _distinct(reached)
         scores = acc[hit]
         acc[every] = 0
         return hit.astype(np.int64), scores
@@ -219,6 +232,15 @@ def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
     scores = acc[hit]
     acc.fill(0)
     return hit, scores
+
+
+def _distinct(ids: np.ndarray) -> np.ndarray:
+    """``np.unique(ids)`` by a sort: numpy's hashing ``unique`` (2.x) is several times slower
+    on the int32 row ids a query yields."""
+    ids = np.sort(ids)
+    if ids.size > 1:
+        ids = ids[np.concatenate(([True], ids[1:] != ids[:-1]))]
+    return ids
 
 
 def _buffers(cache: dict | None, size: int):
@@ -236,13 +258,11 @@ def _buffers(cache: dict | None, size: int):
 # -- which query words a chunk holds (matched_terms, lexical_match) -------------------
 
 
-@lru_cache(maxsize=256)  # a search asks twice (matched_terms, term_rows); pages repeat queries
+@lru_cache(maxsize=1024)  # a search asks three times (ranking, matched_terms, term_rows)
 def query_words(query: str) -> tuple[tuple[str, str], ...]:
     """``(word, term)`` for each indexed token of ``query``, in query order: the terms
     :func:`tokenize` gives, each beside the lower-cased word it came from (a CJK run gives
     its bigrams, each its own word). Stop words have no term and are left out."""
-    from ..collection.terms import _CJK_CHAR, _TOKEN, _stemmer, cjk_bigrams
-
     out = []
     for token in _TOKEN.findall(query.lower()):
         if _CJK_CHAR.match(token):
@@ -273,25 +293,24 @@ def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | N
     query order) whose term the chunk's indexed text holds: what BM25 matches there, for a
     hit of any mode.
 
-    One lookup for all terms at once: each term's postings (row ids ascending, as
-    ``rebuild_postings`` writes them) keyed by ``term index << 32 | row id`` are in ascending
-    order together, so a single ``searchsorted`` answers every (term, hit) pair."""
+    Each term's postings hold its row ids ascending (as ``rebuild_postings`` writes them),
+    so one ``searchsorted`` of the hits' ids per term answers it, in time logarithmic in the
+    postings (the ids are looked up as int32, the postings' own type, so nothing is copied)."""
     words = query_words(query)
-    rows = np.asarray(list(row_ids), dtype=np.int64)
+    rows = np.asarray(row_ids, dtype=np.int64)
     if not words or not rows.size:
         return [[] for _ in range(rows.size)]
     postings = _postings_of(conn, sorted({t for _, t in words}), cache)
-    terms = [t for t, found in postings.items() if found is not None and found.ids.size]
-    if not terms:
-        return [[] for _ in range(rows.size)]
-    arrays = [postings[t].ids for t in terms]
-    sizes = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
-    keys = np.concatenate(arrays).astype(np.int64)
-    keys += np.repeat(np.arange(len(terms), dtype=np.int64) << 32, sizes)
-    wanted = ((np.arange(len(terms), dtype=np.int64) << 32)[:, None] + rows[None, :]).ravel()
-    at = np.minimum(keys.searchsorted(wanted), keys.size - 1)
-    holds = dict(zip(terms, (keys[at] == wanted).reshape(len(terms), rows.size).tolist()))
+    wanted = rows.astype(np.int32)  # row ids are SQLite's, below the postings' int32 limit
+    holds = {}
+    for term, found in postings.items():
+        if found is None or not found.ids.size:
+            continue
+        ids = found.ids  # an id past the last posting finds the last one, and differs
+        holds[term] = (ids.take(ids.searchsorted(wanted), mode="clip") == wanted).tolist()
     pairs = [(w, holds[t]) for w, t in dict(words).items() if t in holds]
+    if not pairs:
+        return [[] for _ in range(rows.size)]
     return [[w for w, held in pairs if held[i]] for i in range(rows.size)]
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
@@ -22,8 +23,8 @@ from pydantic import BaseModel, ConfigDict
 
 from ..collection.extract import MAX_FILE_BYTES, Skipped, extract_bytes, extractor_available
 
-__all__ = ["Relocation", "SourceUnavailable", "Verification", "current_source", "line_of",
-           "sources_changed", "verify_citation"]
+__all__ = ["Relocation", "SourceUnavailable", "StaleCheck", "Verification", "current_source",
+           "line_of", "sources_changed", "verify_citation"]
 
 Status = Literal["verified", "drifted", "unresolvable"]
 
@@ -95,32 +96,74 @@ def sources_changed(base_dir: Path | None, records) -> list[bool | None]:
     base directory; True when the file is gone or the source is not a plain relative path.
     One ``stat`` per record and no read: cheap enough for every hit list (docs/performance.md).
     The answer is one bit compared with ingest's own record, so a link is followed as ingest
-    followed it; nothing about the file is returned.
+    followed it; nothing about the file is returned. :class:`StaleCheck` answers the same for
+    an open collection's every search.
     """
-    records = list(records)
-    if base_dir is None:
-        return [None] * len(records)
-    try:  # _real_base's answer, without pathlib's overhead (this runs for every hit list)
-        base = os.path.realpath(os.fspath(base_dir), strict=True)
-        if not os.path.isdir(base):
-            raise OSError
-    except (OSError, RuntimeError, ValueError):
-        return [None if size is None or mtime is None else True for _s, size, mtime in records]
-    out = []
-    for source, size, mtime_ns in records:
-        if size is None or mtime_ns is None:
-            out.append(None)
-            continue
-        if not _plain_relative(source):
-            out.append(True)
-            continue
-        try:
-            info = os.stat(os.path.join(base, source))
-        except (OSError, ValueError):
-            out.append(True)
-            continue
-        out.append(info.st_size != size or info.st_mtime_ns != mtime_ns)
-    return out
+    return StaleCheck(base_dir).changed(records)
+
+
+class StaleCheck:
+    """:func:`sources_changed` for one open collection's searches: still one ``stat`` per
+    record per call, so an edit shows on the next search, but the base directory's real path
+    is resolved at most once per ``BASE_SECONDS`` (a base directory moved or re-linked is
+    seen that much later) and each source's path is joined once."""
+
+    BASE_SECONDS = 1.0
+    PATHS_KEPT = 16_384
+
+    def __init__(self, base_dir: Path | None):
+        self.base_dir = base_dir
+        self._base: str | None = None
+        self._until = float("-inf")
+        self._paths: dict = {}
+
+    def _real_base(self) -> str | None:
+        now = time.monotonic()
+        if now < self._until:
+            return self._base
+        try:  # _real_base's answer, without pathlib's overhead
+            base = os.path.realpath(os.fspath(self.base_dir), strict=True)
+            if not os.path.isdir(base):
+                raise OSError
+        except (OSError, RuntimeError, ValueError):
+            base = None
+        if base != self._base:
+            self._paths = {}
+        self._base, self._until = base, now + self.BASE_SECONDS
+        return base
+
+    def changed(self, records) -> list[bool | None]:
+        records = list(records)
+        if self.base_dir is None:
+            return [None] * len(records)
+        base = self._real_base()
+        if base is None:
+            return [None if size is None or mtime is None else True for _s, size, mtime in records]
+        paths = self._paths
+        out = []
+        for source, size, mtime_ns in records:
+            if size is None or mtime_ns is None:
+                out.append(None)
+                continue
+            path = paths.get(source, _UNSET)
+            if path is _UNSET:
+                path = os.path.join(base, source) if _plain_relative(source) else None
+                if len(paths) >= self.PATHS_KEPT:
+                    paths.clear()
+                paths[source] = path
+            if path is None:
+                out.append(True)
+                continue
+            try:
+                info = os.stat(path)
+            except (OSError, ValueError):
+                out.append(True)
+                continue
+            out.append(info.st_size != size or info.st_mtime_ns != mtime_ns)
+        return out
+
+
+_UNSET = object()
 
 
 def _plain_relative(source) -> bool:

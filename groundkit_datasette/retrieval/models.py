@@ -207,6 +207,18 @@ def built(cls, values: dict):
     return instance
 
 
+def built_whole(cls, data: dict):
+    """:func:`built` for ``data`` that holds every field of ``cls``, in declaration order,
+    and nothing else: the dict becomes the instance's own (the caller lets go of it). A
+    search builds its hits this way; tests/test_bm25_topk.py checks them against validation."""
+    instance = _new(cls)
+    _set(instance, "__dict__", data)
+    _set(instance, "__pydantic_fields_set__", set(data))
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance
+
+
 _BUILD_PLANS: dict = {}
 _new = object.__new__
 _set = object.__setattr__  # the models are frozen

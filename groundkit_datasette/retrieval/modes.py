@@ -122,7 +122,14 @@ def registered_modes() -> dict[str, SearchMode]:
     """Every registered mode by name: the built-ins first, then plugins' in load order."""
     from ..plugins import pm, _load_builtins
 
+    global _registered
+    # Every search asks (twice): the answer is kept while the hook's implementations stay
+    # the same ones (a plugin registered or removed since makes it ask them again).
+    known = _registered
+    if known is not None and known[0] == tuple(pm.hook.register_search_modes.get_hookimpls()):
+        return dict(known[1])
     _load_builtins()
+    impls = tuple(pm.hook.register_search_modes.get_hookimpls())
     found: dict[str, SearchMode] = {}
 
     def register(mode):
@@ -132,10 +139,14 @@ def registered_modes() -> dict[str, SearchMode]:
 
     for mode in BUILTIN_MODES:  # first, and a plugin cannot replace one
         register(mode)
-    for impl in pm.hook.register_search_modes.get_hookimpls():  # in registration order
+    for impl in impls:  # in registration order
         if impl.function is not register_search_modes:
             impl.function(register=register)
+    _registered = (impls, dict(found))
     return found
+
+
+_registered = None
 
 
 def mode_names() -> list[str]:

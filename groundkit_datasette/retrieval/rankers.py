@@ -88,9 +88,7 @@ def bm25_ranked(collection, query, depth, allowed):
     if not rows_ids:
         return []
     if depth <= PREFETCH_DEPTH:
-        from .search import hit_rows
-
-        rows = hit_rows(collection, "id", rows_ids)
+        rows = _search().hit_rows(collection, "id", rows_ids)
         by_id = {r[14]: r for r in rows}
         out = RankedHits((by_id[i][0], s) for i, s in zip(rows_ids, score_list))
         out.rows = {r[0]: r for r in rows}
@@ -100,6 +98,19 @@ def bm25_ranked(collection, query, depth, allowed):
         collection.query(f"SELECT id, chunk_id FROM chunks WHERE id IN ({marks})", rows_ids)
     )
     return [(chunk_ids[i], s) for i, s in zip(rows_ids, score_list)]
+
+
+def _search():
+    """The search module (it imports this one: bound on first use, not looked up per query)."""
+    global _search_module
+    if _search_module is None:
+        from . import search
+
+        _search_module = search
+    return _search_module
+
+
+_search_module = None
 
 
 def bm25_top_rows(collection, query, depth, allowed):

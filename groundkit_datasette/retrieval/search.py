@@ -13,8 +13,12 @@ import numpy as np
 from ..errors import DenseUnavailable, InvalidRequest, RerankNotConfigured, RerankerError
 from .models import (
     MAX_OFFSET, MAX_TOP_K, ComponentScore, DocumentGroup, Hit, SearchRequest, SearchResponse, built,
+    built_whole,
 )
-from .modes import HYBRID_DEPTH, RRF_K, fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
+from . import bm25
+from .citations import StaleCheck
+from .modes import BUILTIN_MODES, HYBRID_DEPTH, RRF_K, RankContext, registered_modes
+from .modes import fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
 from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (part of the API)
 
 _GLOB_CHARS = set("*?[")
@@ -102,27 +106,56 @@ _HIT_SQL = """SELECT c.chunk_id, c.document_id, d.source, d.title, c.start_offse
 
 def hit_rows(collection, key: str, values: list) -> list[tuple]:
     """The hit columns of the chunks whose ``key`` (``id``, the integer row id, or
-    ``chunk_id``) is one of ``values``: one SQL query."""
+    ``chunk_id``) is one of ``values``: one SQL query. By row id, rows already read from this
+    open collection (one published version, so never stale) come from memory
+    (:func:`_row_cache`) and only the others are queried."""
     if not values:
         return []
+    if key != "id":
+        return _query_hit_rows(collection, "chunk_id", values)
+    cache = _row_cache(collection)
+    found = {i: cache.get(i) for i in values}
+    missing = [i for i, r in found.items() if r is None]
+    if missing:
+        with collection._lock:  # searches may run in several threads
+            for r in _query_hit_rows(collection, "id", missing):
+                found[r[14]] = cache[r[14]] = r
+            while len(cache) > HIT_ROW_CACHE:
+                del cache[next(iter(cache))]  # the oldest first (dicts keep insertion order)
+    return [r for r in found.values() if r is not None]
+
+
+# Hit rows kept in memory per open collection, read by row id (about 1 kB each).
+HIT_ROW_CACHE = 4096
+
+
+def _row_cache(collection) -> dict:
+    cache = collection.__dict__.get("_hit_row_cache")
+    if cache is None:
+        cache = collection.__dict__["_hit_row_cache"] = {}
+    return cache
+
+
+def _query_hit_rows(collection, key: str, values: list) -> list[tuple]:
     stat = "d.source_size, d.source_mtime_ns" if collection._has_stat else "NULL, NULL"
-    sql = _HIT_SQL.format(stat=stat, key="id" if key == "id" else "chunk_id",
-                          marks=",".join("?" * len(values)))
+    sql = _HIT_SQL.format(stat=stat, key=key, marks=",".join("?" * len(values)))
     return collection.query(sql, values)
 
 
 def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None = None):
-    """Plain dicts, one per ranked chunk. ``rows``: hit rows the ranker already read
-    (``rankers.RankedHits``), by chunk id; only the others are looked up."""
+    """Plain dicts, one per ranked chunk, with the keys in ``Hit``'s field order (what
+    ``build_response`` builds the models from), and the chunks' row ids (for
+    ``matched_terms``). ``rows``: hit rows the ranker already read (``rankers.RankedHits``),
+    by chunk id; only the others are looked up."""
     if not ranked:
-        return []
-    ids = [cid for cid, _ in ranked]
+        return [], []
     rows = dict(rows) if rows else {}
-    missing = [cid for cid in ids if cid not in rows]
-    for r in hit_rows(collection, "chunk_id", missing):
-        rows[r[0]] = r
-    changed = _source_changed(collection, [rows[cid] for cid in ids if cid in rows])
-    hits = []
+    missing = [cid for cid, _ in ranked if cid not in rows]
+    if missing:
+        for r in hit_rows(collection, "chunk_id", missing):
+            rows[r[0]] = r
+    changed = _source_changed(collection, [rows[cid] for cid, _ in ranked if cid in rows])
+    hits, row_ids = [], []
     for rank, (cid, score) in enumerate(ranked, first_rank):
         r = rows.get(cid)
         if r is None:  # a vector without its chunk row: never serve a half-consistent hit
@@ -131,26 +164,30 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
             raise IndexInconsistent(
                 "the collection's vectors and chunks disagree; re-run groundkit ingest"
             )
-        hits.append(
-            dict(
-                rank=rank, score=score, chunk_id=cid, document_id=r[1], source=r[2], title=r[3],
-                start_offset=r[4], end_offset=r[5], line_start=r[6], line_end=r[7],
-                page_start=r[8], page_end=r[9], heading=r[10], content=r[11],
-                components=components.get(cid, {}),
-                source_changed=changed[r[1]],
-                _row=r[14],  # the chunk's row id, for matched_terms (not a Hit field)
-            )
-        )
-    return hits
+        hit = dict(zip(_CITATION_FIELDS, r))  # the row's first twelve columns, by name
+        hit["rank"] = rank
+        hit["score"] = score
+        hit["components"] = components.get(cid, {})
+        hit["source_changed"] = changed[r[1]]
+        hit["matched_terms"] = []
+        hits.append(hit)
+        row_ids.append(r[14])
+    return hits, row_ids
+
+
+# Hit's fields from Citation, in order: the first twelve columns of _HIT_SQL.
+_CITATION_FIELDS = ("chunk_id", "document_id", "source", "title", "start_offset", "end_offset",
+                    "line_start", "line_end", "page_start", "page_end", "heading", "content")
 
 
 def _source_changed(collection, rows) -> dict:
     """document_id -> whether its file's size or mtime differs from ingest's record: one
     ``stat`` per distinct document of the hit list (cost in docs/performance.md)."""
-    from .citations import sources_changed
-
+    check = collection.__dict__.get("_stale_check")
+    if check is None or check.base_dir is not collection.base_dir:
+        check = collection.__dict__["_stale_check"] = StaleCheck(collection.base_dir)
     docs = {r[1]: (r[2], r[12], r[13]) for r in rows}
-    return dict(zip(docs, sources_changed(collection.base_dir, docs.values())))
+    return dict(zip(docs, check.changed(docs.values())))
 
 
 def run_search(collection, request: SearchRequest, access=None) -> SearchResponse:
@@ -160,8 +197,6 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     applied here, before ranking for the built-in rankers and again to whatever a mode
     returns, so no mode can hand out a chunk the reader may not see.
     """
-    from .modes import BUILTIN_MODES, RankContext, registered_modes
-
     started = time.perf_counter()
     modes = registered_modes()
     name = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
@@ -192,8 +227,8 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     more = len(ranked) > window and window <= MAX_OFFSET
     top_score = ranked[0][1] if ranked else None
     ranked = ranked[request.offset : window]
-    hits = _hits(collection, ranked, ctx.components, request.offset + 1, prefetched)
-    lexical = _add_matches(collection, request.query, hits, ctx.allowed)
+    hits, row_ids = _hits(collection, ranked, ctx.components, request.offset + 1, prefetched)
+    lexical = _add_matches(collection, request.query, hits, row_ids, ctx.allowed)
     groups = _groups(hits) if request.group_by_document else None
     ctx.timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
     return build_response(dict(
@@ -225,13 +260,22 @@ def build_response(fields: dict, *, trusted: bool) -> SearchResponse:
     """
     if not trusted:
         return SearchResponse(**fields)
-    hits = [built(Hit, dict(h, components={k: built(ComponentScore, v)
-                                            for k, v in h["components"].items()}))
-            for h in fields["hits"]]
+    hits = []
+    for h in fields["hits"]:  # dicts in Hit's field order, from _hits: they become the models'
+        parts = h["components"]
+        if parts:
+            # The entries RankContext.record made for this search alone: they become the
+            # models' own dicts.
+            h["components"] = {k: built_whole(ComponentScore, v) if tuple(v) == _RANK_SCORE
+                               else built(ComponentScore, v) for k, v in parts.items()}
+        hits.append(built_whole(Hit, h))
     groups = fields.get("groups")
     if groups is not None:
         groups = [built(DocumentGroup, g) for g in groups]
     return built(SearchResponse, dict(fields, hits=hits, groups=groups))
+
+
+_RANK_SCORE = ("rank", "score")  # ComponentScore's fields, in order (RankContext.record)
 
 
 def _ranking_depth(request: SearchRequest, mode_name: str) -> int:
@@ -337,14 +381,12 @@ def _above_floor(mode_name: str, ranked, components, floor: float):
     return out
 
 
-def _add_matches(collection, query: str, hits: list[dict], allowed) -> bool:
+def _add_matches(collection, query: str, hits: list[dict], row_ids: list[int], allowed) -> bool:
     """Set each hit's ``matched_terms``; return whether any chunk the search may return
     contains a query word (``lexical_match``), looked up only when no hit does."""
-    from . import bm25
-
     if hits:
         with collection._lock:
-            matched = bm25.matched_terms(collection._conn, query, [h.pop("_row") for h in hits],
+            matched = bm25.matched_terms(collection._conn, query, row_ids,
                                          collection.postings_cache)
         for hit, words in zip(hits, matched):
             hit["matched_terms"] = words
