@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 TABLE = "chunks"
 ADD_BATCH = 4096
@@ -40,7 +39,9 @@ EXACT_MAX_ROWS = 50_000
 _RUN_KEEP_MAX = 50_000
 
 
-def _schema(dimensions: int) -> pa.Schema:
+def _schema(dimensions: int):
+    import pyarrow as pa  # the writer's: a query process never needs pyarrow
+
     return pa.schema(
         [
             pa.field("chunk_id", pa.string()),
@@ -311,6 +312,8 @@ class VectorWriter:
     def _flush_adds(self):
         if not self.to_add:
             return
+        import pyarrow as pa
+
         self._ensure_table()
         flat = np.stack([v for _, _, v in self.to_add]).astype(np.float32).ravel()
         batch = pa.table(

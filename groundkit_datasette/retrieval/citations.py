@@ -20,7 +20,6 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..collection.extract import MAX_FILE_BYTES, Skipped, extract_bytes, extractor_available
 
 __all__ = ["Relocation", "SourceUnavailable", "Verification", "current_source", "line_of",
            "sources_changed", "verify_citation"]
@@ -82,6 +81,8 @@ def current_source(
     if base_dir is None:
         raise _Unresolvable("no base directory configured")
     real_base, path = _resolve_source(Path(base_dir), source)
+    from ..collection.extract import extractor_available  # here: a search never needs extract
+
     if not extractor_available(extractor, extractor_version):
         raise _Unresolvable(f"extractor {extractor} version {extractor_version} is not available")
     data = _read_bounded(path, real_base)
@@ -202,6 +203,8 @@ def _inside(path: Path, base: Path) -> bool:
 
 
 def _read_bounded(path: Path, real_base: Path) -> bytes:
+    from ..collection.extract import MAX_FILE_BYTES
+
     # O_NOFOLLOW: the path was just resolved, so a link here appeared since.
     # O_NONBLOCK: opening a FIFO must not hang the server.
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
@@ -251,6 +254,8 @@ def _reextract(
     data: bytes, source: str, source_class: str, extractor: str, extractor_version: str,
     encoding: str | None = None,
 ) -> str:
+    from ..collection.extract import Skipped, extract_bytes
+
     # The suffix comes from the recorded source, as at ingest (not from a link's target).
     try:
         extracted = extract_bytes(data, PurePosixPath(source).suffix, encoding=encoding)
