@@ -145,7 +145,7 @@ def query_texts(col, n: int) -> list[str]:
 
 
 def run_real_vectors(vectors_path: str, queries_path: str, ids_path: str, sqlite_path: str, size: int,
-                     repeats: int, work: Path, others: bool) -> None:
+                     repeats: int, work: Path, others: bool, nq: int = 200, probes=(8, 16, 24, 32, 48, 64)) -> None:
     """Real MiniLM vectors given as raw float32 files (``/var/tmp/gk-vec/embed_real.py``): the index
     file (ours) against exact numpy search over the same vectors (the baseline and the truth), in
     the same run, passes interleaved; recall@10 and p50 per probe count; optionally faiss IVF-flat
@@ -160,7 +160,7 @@ def run_real_vectors(vectors_path: str, queries_path: str, ids_path: str, sqlite
     total = os.path.getsize(vectors_path) // (dims * 4)
     n = min(size, total)
     matrix = np.fromfile(vectors_path, dtype=np.float32, count=n * dims).reshape(n, dims)
-    queries = np.fromfile(queries_path, dtype=np.float32).reshape(-1, dims)
+    queries = np.fromfile(queries_path, dtype=np.float32).reshape(-1, dims)[:nq]
     ids = open(ids_path).read().split("\n")[:n]
     conn = sqlite3.connect(f"file:{sqlite_path}?immutable=1", uri=True)
     docs = dict(conn.execute("SELECT chunk_id, document_id FROM chunks"))
@@ -183,7 +183,7 @@ def run_real_vectors(vectors_path: str, queries_path: str, ids_path: str, sqlite
     print(f"\n## Real MiniLM vectors: {n:,} (of {total:,} embedded), {len(queries)} queries; index file "
           f"{size_mb:.0f} MB built in {build[0]:.1f} s wall / {build[1]:.1f} s CPU")
     rows = []
-    for nprobe in (8, 16, 24, 32, 48, 64):
+    for nprobe in probes:
         search = v.IndexSearch(folder, name, 1, nprobe=nprobe)
         recall = float(np.mean([len(truth[i] & {c for c, _ in search.search(q, 10)}) / 10
                                 for i, q in enumerate(queries)]))
@@ -280,7 +280,7 @@ def main(argv=None):
     if args.real_vectors:
         print(f"# Dense benchmark on real vectors ({c.machine()}, {time.strftime('%Y-%m-%d')})")
         run_real_vectors(args.real_vectors, args.real_queries, args.real_ids, args.real_sqlite, args.real_size,
-                         args.repeats, work, args.others)
+                         args.repeats, work, args.others, args.queries)
         if not args.sizes and not args.collection and not args.real:
             return
     print(f"# Dense benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')}); {args.queries} queries, "
