@@ -95,3 +95,45 @@ def install_call_log() -> None:
     if logger.level == logging.NOTSET:
         logger.setLevel(logging.INFO)
     logger.propagate = False
+
+
+_SQL_ERROR = "ERROR: conn="
+
+
+class _WithholdSqlErrorDetails:
+    """sys.stderr, with Datasette's failed-query line reduced to the fact that a query failed.
+
+    ``Database.execute`` writes the SQL, its parameters and SQLite's message in one write;
+    the parameters are the caller's ``?_search=`` or ``?sql=`` input and the message often
+    quotes it (``fts5: syntax error near "..."``). The caller still gets the error in the
+    response.
+    """
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        if isinstance(text, str) and text.startswith(_SQL_ERROR):
+            text = "ERROR: a Datasette SQL query failed (SQL, parameters and message withheld)\n"
+        return self._stream.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def install_sql_error_redaction() -> None:
+    if not isinstance(sys.stderr, _WithholdSqlErrorDetails):
+        sys.stderr = _WithholdSqlErrorDetails(sys.stderr)
+
+
+def withhold_exception_locals() -> None:
+    """Stop Datasette's default error handler printing every exception with its locals.
+
+    With ``rich`` installed it prints each exception it handles (every 404 and 400
+    included) with ``show_locals=True``: the request's scope, headers with a bearer
+    token, and the caller's query text go to stdout. Internal errors are still logged
+    as tracebacks (without locals), by Datasette and under our request id.
+    """
+    import datasette.handle_exception as default_handler
+
+    default_handler.rich = None

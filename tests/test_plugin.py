@@ -573,3 +573,29 @@ async def test_503_past_the_concurrent_search_bound_with_retry_after(collection,
     assert (await first).status_code == 200
     again = await post_json(ds, "/energy/-/groundkit/search.json", {"query": "sun"})
     assert again.status_code == 200
+
+
+async def test_datasette_failed_query_line_withholds_the_callers_text(ds, capfd):
+    # Datasette writes a failed query's SQL, parameters and SQLite message to stderr;
+    # the parameters are the caller's search text.
+    await ds.invoke_startup()
+    capfd.readouterr()
+    response = await ds.client.get('/energy/chunks.json?_search=zeppelin"secret&_searchmode=raw')
+    assert response.status_code == 400
+    out, err = capfd.readouterr()
+    assert "a Datasette SQL query failed" in err
+    assert "zeppelin" not in err and "secret" not in err and "zeppelin" not in out
+
+
+async def test_handled_exceptions_never_print_their_locals(ds, capfd):
+    # Datasette's default handler prints every exception it handles, 404s included, with
+    # rich's show_locals when rich is installed (the test extra installs it).
+    import rich  # noqa: F401
+
+    await ds.invoke_startup()
+    capfd.readouterr()
+    response = await ds.client.get("/energy/no-such-table?q=zeppelin",
+                                   headers={"authorization": "Bearer s3cret-token-value"})
+    assert response.status_code == 404
+    out, err = capfd.readouterr()
+    assert "s3cret-token-value" not in out + err and "zeppelin" not in out + err
