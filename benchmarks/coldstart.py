@@ -235,6 +235,9 @@ def main(argv=None):
     ap.add_argument("--work", help="directory for the synthetic collections (shared with dense.py)")
     ap.add_argument("--collection", action="append", default=[],
                     help="also an existing collection .sqlite3 built with --embedder synthetic")
+    ap.add_argument("--skip-baselines", action="store_true",
+                    help="no bm25s / numpy baselines (building them for 268k chunks takes minutes); the "
+                         "LanceDB path ('before') still runs beside ours")
     args = ap.parse_args(argv)
     from benchmarks import _synthetic as syn
 
@@ -254,11 +257,13 @@ def main(argv=None):
 
         size = sqlite3.connect(f"file:{index / (name + '.sqlite3')}?immutable=1", uri=True).execute(
             "SELECT count(*) FROM chunks").fetchone()[0]
-        bm25s_dir, npy = prepare_baselines(index, name, work)
-        base = {
-            "bm25": median_runs(_CHILD_BM25S.format(path=str(bm25s_dir), query=QUERY), args.repeats),
-            "dense": median_runs(_CHILD_NUMPY.format(path=str(npy)), args.repeats),
-        }
+        base = {}
+        if not args.skip_baselines:
+            bm25s_dir, npy = prepare_baselines(index, name, work)
+            base = {
+                "bm25": median_runs(_CHILD_BM25S.format(path=str(bm25s_dir), query=QUERY), args.repeats),
+                "dense": median_runs(_CHILD_NUMPY.format(path=str(npy)), args.repeats),
+            }
         real_index, real_name = real_model_copy(index, name, work)
         # The same collections read the old way (no index file: LanceDB imported and read).
         old_index, old_name = without_index_file(index, name, work)

@@ -490,10 +490,11 @@ INDEX_MAGIC = b"GKVEC001"
 _ALIGN = 64
 # Flat (every vector scored) up to this many vectors; an inverted file above.
 IVF_MIN_ROWS = EXACT_MAX_ROWS
-# Lists: about IVF_LIST_FACTOR * sqrt(rows); lists probed per query (benchmarks/dense.py,
-# real MiniLM vectors: recall@10 >= 0.95 at 268k).
+# Lists: about IVF_LIST_FACTOR * sqrt(rows). Lists probed per query: PROBE_FRACTION of them,
+# at least NPROBE (benchmarks/dense.py --real-vectors, real MiniLM vectors: recall@10 >= 0.95).
 IVF_LIST_FACTOR = 2.0
 NPROBE = 32
+PROBE_FRACTION = 0.14
 KMEANS_SAMPLE_PER_LIST = 32
 KMEANS_ITERATIONS = 8
 # A delta holds at most this many rows (added plus deleted) or this share of the base, as
@@ -638,7 +639,6 @@ class IndexSearch:
         f = IndexFile(Path(lance_dir) / _checked_name(name))
         if int(f.header.get("lance_version", -1)) != int(version):
             raise ValueError("index file does not match the table version")
-        self.nprobe = NPROBE if nprobe is None else nprobe
         self.delta = None
         self.deleted = None
         if f.header.get("kind") == "delta":
@@ -655,6 +655,8 @@ class IndexSearch:
             self.files = (f,)
         self.ivf = self.base.centroids is not None and self.base.centroids.shape[0] > 1
         self.exact = not self.ivf
+        lists = self.base.centroids.shape[0] if self.ivf else 1
+        self.nprobe = nprobe if nprobe is not None else max(NPROBE, int(np.ceil(PROBE_FRACTION * lists)))
         self.rows = self.base.rows + (self.delta.rows if self.delta else 0)
         if self.deleted is not None:
             self.rows -= int(self.deleted.sum())
