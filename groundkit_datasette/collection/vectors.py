@@ -494,7 +494,7 @@ IVF_MIN_ROWS = EXACT_MAX_ROWS
 # at least NPROBE (benchmarks/dense.py --real-vectors, real MiniLM vectors: recall@10 >= 0.95).
 IVF_LIST_FACTOR = 2.0
 NPROBE = 32
-PROBE_FRACTION = 0.14
+PROBE_FRACTION = 0.10
 KMEANS_SAMPLE_PER_LIST = 32
 KMEANS_ITERATIONS = 8
 # A delta holds at most this many rows (added plus deleted) or this share of the base, as
