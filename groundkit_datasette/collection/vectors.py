@@ -682,14 +682,18 @@ class IndexSearch:
                 probe = min(self.nprobe, cs.size)
                 lists = np.argpartition(-cs, probe - 1)[:probe] if probe < cs.size else np.arange(cs.size)
                 lists.sort()
-                chunks_rows, chunks_scores = [], []
-                for lst in lists.tolist():
-                    a, b = int(part.offsets[lst]), int(part.offsets[lst + 1])
+                starts, ends = part.offsets[lists], part.offsets[lists + 1]
+                sizes = ends - starts
+                total = int(sizes.sum())
+                # One matrix-vector product per list, written in place; rows and norms after.
+                dots = np.empty(total, dtype=np.float32)
+                at = 0
+                for a, b in zip(starts.tolist(), ends.tolist()):
                     if b > a:
-                        chunks_rows.append(np.arange(a, b))
-                        chunks_scores.append(_score(part.vectors[a:b], part.norms[a:b], q, qnorm))
-                rows = np.concatenate(chunks_rows) if chunks_rows else np.zeros(0, dtype=np.int64)
-                scores = np.concatenate(chunks_scores) if chunks_scores else np.zeros(0, np.float32)
+                        np.matmul(part.vectors[a:b], q, out=dots[at : at + b - a])
+                        at += b - a
+                rows = np.repeat(starts - np.concatenate(([0], np.cumsum(sizes)[:-1])), sizes) + np.arange(total)
+                scores = dots / (np.maximum(part.norms[rows], 1e-12) * qnorm)
             else:
                 rows = np.arange(part.rows)
                 scores = _score(part.vectors, part.norms, q, qnorm)
