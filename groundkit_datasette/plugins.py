@@ -111,6 +111,8 @@ def typed_options(factory, options: dict, what: str, error_class) -> dict:
     import types
     import typing
 
+    if isinstance(factory, LazyFactory):
+        factory = factory._target()  # typed by the class it stands for
     try:
         hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
     except Exception:
