@@ -20,6 +20,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+# The ingest limit (collection/extract.py MAX_FILE_BYTES), not imported from there: a search never
+# needs the extractors' imports (tests/test_citations.py checks the two agree).
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
 
 __all__ = ["Relocation", "SourceUnavailable", "Verification", "current_source", "line_of",
            "sources_changed", "verify_citation"]
@@ -203,8 +207,6 @@ def _inside(path: Path, base: Path) -> bool:
 
 
 def _read_bounded(path: Path, real_base: Path) -> bytes:
-    from ..collection.extract import MAX_FILE_BYTES
-
     # O_NOFOLLOW: the path was just resolved, so a link here appeared since.
     # O_NONBLOCK: opening a FIFO must not hang the server.
     flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
