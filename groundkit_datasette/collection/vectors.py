@@ -483,7 +483,7 @@ class VectorWriter:
 # written (temporary name, fsync, rename) before the SQLite file that names it in its
 # manifest (``vector_index``) is published, and is never written by a read. A small ingest
 # writes a delta file (the rows added since the base file, and the base rows deleted) that
-# names its base, instead of copying the whole table again (adr/0031-vec-mmap-vector-index.md).
+# names its base, instead of copying the whole table again (adr/0033-mmap-vector-index.md).
 
 INDEX_SUBDIR = "_groundkit"
 INDEX_MAGIC = b"GKVEC001"
