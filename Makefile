@@ -41,6 +41,10 @@ BENCH_DIR ?= /var/tmp/groundkit-bench
 BENCH_REAL_FILES ?= 300
 DEBIAN_SYN := $(BENCH_DIR)/debian-syn/debian-docs.sqlite3
 DEBIAN_REAL := $(BENCH_DIR)/debian-real/debian-real.sqlite3
+# BENCH_REAL_VECTORS short real-text windows of the Debian chunks embedded by the real MiniLM, for
+# ANN recall at 200k on real vectors (benchmarks/real_vectors.py; 0 skips it: about an hour).
+BENCH_REAL_VECTORS ?= 200000
+REAL_VECTORS := $(BENCH_DIR)/real16
 
 $(DEBIAN_SYN):
 	$(BIN)/python benchmarks/debian_corpus.py --embedder synthetic --index-dir $(BENCH_DIR)/debian-syn
@@ -58,5 +62,9 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/dense.py --work $(BENCH_DIR)/syn --sizes 10000,50000 --collection $(DEBIAN_SYN) \
 		$(if $(filter-out 0,$(BENCH_REAL_FILES)),--real $(DEBIAN_REAL))
 	$(BIN)/python benchmarks/coldstart.py --work $(BENCH_DIR)/syn --sizes 10000,50000 --collection $(DEBIAN_SYN)
+	$(if $(filter-out 0,$(BENCH_REAL_VECTORS)),$(BIN)/python benchmarks/real_vectors.py --collection $(DEBIAN_SYN) \
+		--out $(REAL_VECTORS) --count $(BENCH_REAL_VECTORS) && $(BIN)/python benchmarks/dense.py --sizes '' \
+		--work $(BENCH_DIR)/syn --real-vectors $(REAL_VECTORS).f32 --real-queries $(REAL_VECTORS).queries.f32 \
+		--real-ids $(REAL_VECTORS).ids --real-sqlite $(DEBIAN_SYN) --real-size $(BENCH_REAL_VECTORS))
 	$(BIN)/python benchmarks/http.py
 	$(BIN)/python benchmarks/quality.py

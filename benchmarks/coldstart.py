@@ -58,7 +58,8 @@ col = Collection.open({name!r}, index_dir={index!r})
 t2 = time.perf_counter()
 r = col.search(query={query!r}, mode={mode!r}, top_k=10)
 t3 = time.perf_counter()
-out = {{"hits": len(r.hits), "import_s": t1 - t0, "open_s": t2 - t1, "query_s": t3 - t2}}
+out = {{"hits": len(r.hits), "import_s": t1 - t0, "open_s": t2 - t1, "query_s": t3 - t2,
+       "lancedb": int("lancedb" in sys.modules)}}
 out.update({{k: v / 1000 for k, v in r.timings_ms.items() if k != "total_ms"}})
 print(json.dumps(out), flush=True)
 """
@@ -107,21 +108,69 @@ print(json.dumps({{"hits": 1, "import_s": t1 - t0, "open_s": t2 - t1, "query_s":
 
 def spawn(code: str) -> dict:
     """Wall time from spawn to the answer line, plus the child's own breakdown."""
+    import resource
+
     env = dict(os.environ, LANCE_LOG="error", RUST_LOG="error")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
     line = proc.stdout.readline()
     wall = time.perf_counter() - t
     _out, err = proc.communicate(timeout=600)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0 or not line:
         raise RuntimeError(f"child failed: {err[-2000:]}")
-    return dict(json.loads(line), wall_s=wall)
+    # The child's CPU time (user + system, its exit included): steadier than wall under load.
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return dict(json.loads(line), wall_s=wall, cpu_s=cpu)
 
 
 def median_runs(code: str, repeats: int) -> dict:
     runs = [spawn(code) for _ in range(repeats + 1)][1:]  # the first run warms the page cache
     return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in runs[0]}
+
+
+def median_pair(ours_code: str, before_code: str | None, repeats: int):
+    """Medians of ours and (when given) the old path, their runs alternating."""
+    spawn(ours_code)
+    if before_code:
+        spawn(before_code)
+    ours, before = [], []
+    for _ in range(repeats):
+        ours.append(spawn(ours_code))
+        if before_code:
+            before.append(spawn(before_code))
+
+    def med(runs):
+        return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in runs[0]} if runs else None
+    return med(ours), med(before)
+
+
+def without_index_file(index: Path, name: str, work: Path) -> tuple[Path, str]:
+    """A copy of the SQLite file whose manifest names no index file (as before it existed),
+    beside a link to the same LanceDB directory."""
+    import shutil
+    import sqlite3
+
+    out_dir = work / "no-index-file"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    new = f"{name}-lancedb"
+    target = out_dir / f"{new}.sqlite3"
+    source = index / f"{name}.sqlite3"
+    if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
+        tmp = out_dir / f".{new}.tmp"
+        shutil.copyfile(source, tmp)
+        conn = sqlite3.connect(tmp)
+        conn.execute("DELETE FROM groundkit_manifest WHERE key = 'vector_index'")
+        conn.commit()
+        conn.close()
+        tmp.replace(target)
+    link = out_dir / f"{new}.lance"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to((index / f"{name}.lance").resolve(), target_is_directory=True)
+    return out_dir, new
 
 
 def real_model_copy(index: Path, name: str, work: Path) -> tuple[Path, str]:
@@ -186,6 +235,9 @@ def main(argv=None):
     ap.add_argument("--work", help="directory for the synthetic collections (shared with dense.py)")
     ap.add_argument("--collection", action="append", default=[],
                     help="also an existing collection .sqlite3 built with --embedder synthetic")
+    ap.add_argument("--skip-baselines", action="store_true",
+                    help="no bm25s / numpy baselines (building them for 268k chunks takes minutes); the "
+                         "LanceDB path ('before') still runs beside ours")
     args = ap.parse_args(argv)
     from benchmarks import _synthetic as syn
 
@@ -205,40 +257,50 @@ def main(argv=None):
 
         size = sqlite3.connect(f"file:{index / (name + '.sqlite3')}?immutable=1", uri=True).execute(
             "SELECT count(*) FROM chunks").fetchone()[0]
-        bm25s_dir, npy = prepare_baselines(index, name, work)
-        base = {
-            "bm25": median_runs(_CHILD_BM25S.format(path=str(bm25s_dir), query=QUERY), args.repeats),
-            "dense": median_runs(_CHILD_NUMPY.format(path=str(npy)), args.repeats),
-        }
+        base = {}
+        if not args.skip_baselines:
+            bm25s_dir, npy = prepare_baselines(index, name, work)
+            base = {
+                "bm25": median_runs(_CHILD_BM25S.format(path=str(bm25s_dir), query=QUERY), args.repeats),
+                "dense": median_runs(_CHILD_NUMPY.format(path=str(npy)), args.repeats),
+            }
         real_index, real_name = real_model_copy(index, name, work)
-        runs = [(index, name, mode, True) for mode in ("bm25", "dense", "hybrid")]
-        runs += [(real_index, real_name, mode, False) for mode in ("bm25", "hybrid")]
-        for run_index, run_name, mode, synthetic in runs:
+        # The same collections read the old way (no index file: LanceDB imported and read).
+        old_index, old_name = without_index_file(index, name, work)
+        old_real_index, old_real_name = without_index_file(real_index, real_name, work)
+        runs = [(index, name, mode, True, (old_index, old_name)) for mode in ("bm25", "dense", "hybrid")]
+        runs += [(real_index, real_name, mode, False, (old_real_index, old_real_name)) for mode in ("bm25", "hybrid")]
+        for run_index, run_name, mode, synthetic, before in runs:
             b = base.get(mode)
             label = f"{name} ({size:,})" + ("" if synthetic else ", real MiniLM")
+
+            def child(where, called):
+                return _CHILD_OURS.format(root=str(HERE.parent), name=called, index=str(where), query=QUERY,
+                                          mode=mode, synthetic=synthetic)
             try:
-                ours = median_runs(
-                    _CHILD_OURS.format(root=str(HERE.parent), name=run_name, index=str(run_index), query=QUERY,
-                                       mode=mode, synthetic=synthetic),
-                    args.repeats,
-                )
+                pair = median_pair(child(run_index, run_name), child(*before) if mode != "bm25" else None,
+                                   args.repeats)
+                ours, old = pair
             except RuntimeError as exc:
                 last = str(exc).strip().splitlines()[-1][:120]
-                rows.append([label, mode, None, None, None, None, None, None, None,
-                             b["wall_s"] if b else None, "-", f"failed: {last}"])
+                rows.append([label, mode] + [None] * 11 + [f"failed: {last}"])
                 continue
             judged = not synthetic or mode == "bm25"
-            rows.append([label, mode, ours["wall_s"], ours["import_s"], ours["open_s"], ours["query_s"],
-                         ours.get("embed_ms", 0.0), ours.get("bm25_ms", 0.0), ours.get("dense_ms", 0.0),
-                         b["wall_s"] if b else None, c.ratio(ours["wall_s"], b["wall_s"]) if b else "-",
+            rows.append([label, mode, ours["wall_s"], ours["cpu_s"], ours["import_s"], ours["open_s"],
+                         ours["query_s"], ours.get("embed_ms", 0.0), ours.get("bm25_ms", 0.0),
+                         ours.get("dense_ms", 0.0), "yes" if ours.get("lancedb") else "no",
+                         b["wall_s"] if b else None,
+                         old["wall_s"] if old else None, old["cpu_s"] if old else None,
                          ("met" if ours["wall_s"] < 0.5 else "MISSED") if judged else "-"])
         print(f"built/reused {name}", flush=True)
     print(f"python start floor (python -c print): {floor['wall_s']:.3f} s")
-    print(c.table(["collection (chunks)", "mode", "ours wall s", "import s", "open s", "1st query s",
-                   "embed s", "bm25 s", "dense s", "baseline wall s", "ours/baseline", "< 0.5 s"], rows))
+    print(c.table(["collection (chunks)", "mode", "ours wall s", "ours CPU s", "import s", "open s",
+                   "1st query s", "embed s", "bm25 s", "dense s", "lancedb imported", "bm25s/numpy wall s",
+                   "before (LanceDB) wall s", "before CPU s", "wall < 0.5 s"], rows))
     print("baselines: bm25 -> bm25s (BM25.load mmap=True + retrieve); dense -> numpy (np.load mmap + matmul); "
-          "hybrid has none. embed/bm25/dense: the first query's own timings (dense includes waiting for the "
-          "vectors the background prefetch reads). Judged: bm25, and hybrid with the real MiniLM.")
+          "before -> the same collection without its index file (the LanceDB path), runs interleaved with ours. "
+          "CPU s: the child's user+system time, exit included (steadier than wall when the machine is loaded). "
+          "embed/bm25/dense: the first query's own timings. Judged: bm25, and hybrid with the real MiniLM.")
     print(f"default MiniLM in a fresh process: import {minilm['import_s']:.3f} s, model load {minilm['open_s']:.3f} s, "
           f"first embed_query {minilm['query_s']:.3f} s (wall {minilm['wall_s']:.3f} s): add to dense/hybrid "
           "when the query is text")

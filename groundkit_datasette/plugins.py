@@ -23,6 +23,28 @@ def _load_builtins():
             pm.register(mod, name)
 
 
+class LazyFactory:
+    """A registered class imported when first built or its options checked: for built-ins
+    whose imports (the HTTP stack) cost more than a query and most processes never need."""
+
+    def __init__(self, module: str, name: str):
+        self._module, self._name = module, name
+
+    def _target(self):
+        import importlib
+
+        return getattr(importlib.import_module(self._module), self._name)
+
+    @property
+    def __signature__(self):
+        import inspect
+
+        return inspect.signature(self._target())
+
+    def __call__(self, **options):
+        return self._target()(**options)
+
+
 def registered(hook_name):
     """Return ``{name: factory}`` collected from every implementation of a register hook."""
     _load_builtins()
@@ -89,6 +111,8 @@ def typed_options(factory, options: dict, what: str, error_class) -> dict:
     import types
     import typing
 
+    if isinstance(factory, LazyFactory):
+        factory = factory._target()  # typed by the class it stands for
     try:
         hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
     except Exception:

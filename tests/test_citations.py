@@ -221,6 +221,12 @@ def test_no_reason_names_a_path(tmp_path):
         assert str(tmp_path) not in r and "solar.md" not in r
 
 
+def test_the_size_limit_is_the_ingest_limit():
+    from groundkit_datasette.collection.extract import MAX_FILE_BYTES
+
+    assert citations.MAX_FILE_BYTES == MAX_FILE_BYTES
+
+
 def test_file_over_the_size_limit_is_refused(base, monkeypatch):
     c = cite(base, "solar.md", "Lithium-ion")
     monkeypatch.setattr(citations, "MAX_FILE_BYTES", 100)

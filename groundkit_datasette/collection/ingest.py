@@ -827,6 +827,8 @@ class Indexer:
 
         if vectors is not None and self._restore_missing_vectors(conn, embedder, vectors, report):
             changed = True
+        if vectors is not None and vectors.index_missing():
+            changed = True  # a collection from before the index file gets one (vectors.py)
 
         if manifest.get("generation") is None and report.written == 0:
             # A first run that wrote no document (every file failed or was skipped) publishes
@@ -1069,8 +1071,7 @@ class Indexer:
             conn.executemany(
                 "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                [("lance_version", str(version)), ("ann_index", vectors.ann_index or ""),
-                 ("ann_trained_rows", str(vectors.trained_rows or ""))],
+                vectors.manifest_entries(),
             )
             self._mark("vectors")
         conn.execute("COMMIT")

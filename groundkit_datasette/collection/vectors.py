@@ -11,7 +11,6 @@ import threading
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 TABLE = "chunks"
 ADD_BATCH = 4096
@@ -36,9 +35,13 @@ _KEEP_VERSIONS_DAYS = 365 * 100
 # memory (read once per collection version) instead of asking LanceDB (benchmarks/dense.py:
 # 0.2 ms against 4 ms at 10k; adr/0026-dense-exact-search.md).
 EXACT_MAX_ROWS = 50_000
+# A run keeps at most this many of its added vectors for the index file's delta.
+_RUN_KEEP_MAX = 50_000
 
 
-def _schema(dimensions: int) -> pa.Schema:
+def _schema(dimensions: int):
+    import pyarrow as pa  # the writer's: a query process never needs pyarrow
+
     return pa.schema(
         [
             pa.field("chunk_id", pa.string()),
@@ -281,6 +284,15 @@ class VectorWriter:
                  ann_threshold: int = ANN_THRESHOLD, trained_rows: int | None = None):
         import lancedb
 
+        self.lance_dir = Path(lance_dir)
+        self.published_version = None if published_version is None else int(published_version)
+        # The index file commit wrote (``manifest_entries``), and how: "none", "kept",
+        # "delta" or "built".
+        self.index_name: str | None = None
+        self.index_file_action = "none"
+        # This run's changes, kept for the index file's delta (None: too many to keep).
+        self._run_added: list | None = []
+        self._run_deleted: set[str] = set()
         self.dimensions = dimensions
         self.ann_threshold = ann_threshold
         self.ann_index: str | None = None
@@ -362,6 +374,10 @@ class VectorWriter:
         for cid, vec in new_rows:
             self.to_add.append((cid, document_id, np.asarray(vec, dtype=np.float32)))
             self.ids.add(cid)
+        if self._run_added is not None:
+            self._run_added.extend(self.to_add[len(self.to_add) - len(new_rows):])
+            if len(self._run_added) > _RUN_KEEP_MAX:
+                self._run_added = None
         dict.__setitem__(self.by_document, document_id, (old & keep) | {cid for cid, _ in new_rows})
         if len(self.to_add) >= ADD_BATCH:
             self._flush_adds()
@@ -373,6 +389,8 @@ class VectorWriter:
     def _flush_adds(self):
         if not self.to_add:
             return
+        import pyarrow as pa
+
         self._ensure_table()
         flat = np.stack([v for _, _, v in self.to_add]).astype(np.float32).ravel()
         batch = pa.table(
@@ -389,13 +407,116 @@ class VectorWriter:
     def commit(self) -> int:
         self._ensure_table()
         doomed = sorted(self.to_delete)
+        self._run_deleted |= self.to_delete
         for i in range(0, len(doomed), 1000):
             quoted = ",".join("'" + c.replace("'", "''") + "'" for c in doomed[i : i + 1000])
             self.table.delete(f"chunk_id IN ({quoted})")
         self.to_delete = set()
         self._flush_adds()
         self._maybe_index()
+        self._write_index_file(self.table.version)
         return self.table.version
+
+    # -- the memory-mapped index file --------------------------------------------
+
+    def index_missing(self) -> bool:
+        """Whether the published version has no index file yet (a collection ingested before
+        it existed): the ingest then publishes one even when no file changed."""
+        if self.published_version is None:
+            return False
+        return not (self.lance_dir / index_file_name(self.published_version)).is_file()
+
+    def manifest_entries(self) -> list[tuple[str, str]]:
+        """What the manifest records about the vectors after ``commit``."""
+        return [("lance_version", str(self.table.version)), ("ann_index", self.ann_index or ""),
+                ("ann_trained_rows", str(self.trained_rows or "")),
+                ("vector_index", self.index_name or "")]
+
+    def _write_index_file(self, version: int) -> None:
+        name = index_file_name(version)
+        path = self.lance_dir / name
+        prev_path = (self.lance_dir / index_file_name(self.published_version)
+                     if self.published_version is not None else None)
+        prev = None
+        if prev_path is not None and prev_path.is_file():
+            try:
+                prev = IndexFile(prev_path)
+            except (OSError, ValueError):
+                prev = None
+        if version == self.published_version and prev is not None:
+            self.index_name, self.index_file_action = name, "kept"
+            return
+        rows = self.table.count_rows()
+        if prev is not None and self._run_added is not None:
+            if self._write_delta(path, version, prev, rows):
+                self.index_name, self.index_file_action = name, "delta"
+                self._cleanup_index_files(keep={name, self._base_of(name)})
+                return
+        centroids = trained = None
+        if prev is not None:
+            base = prev if prev.header.get("kind") == "base" else IndexFile(
+                self.lance_dir / prev.header["base"])
+            if "centroids" in base.arrays and rows < INDEX_RETRAIN_GROWTH * base.header.get("trained_rows", rows):
+                centroids, trained = np.array(base["centroids"]), base.header.get("trained_rows")
+        build_index_from_table(self.lance_dir, self.table, version, centroids=centroids,
+                               trained_rows=trained)
+        self.index_name, self.index_file_action = name, "built"
+        self._cleanup_index_files(keep={name})
+
+    def _base_of(self, name: str) -> str:
+        f = IndexFile(self.lance_dir / name)
+        return f.header.get("base", name)
+
+    def _write_delta(self, path: Path, version: int, prev: IndexFile, rows: int) -> bool:
+        """Write a delta on the previous file's base when the changes since it are few."""
+        if prev.header.get("kind") == "delta":
+            base_name = prev.header["base"]
+            base = _Part(IndexFile(self.lance_dir / base_name))
+            delta = _Part(prev)
+            deleted = set(prev["deleted"].tolist())
+            names = delta.doc_names()
+            carried = [(cid, names[delta.docs[i]], i) for i, cid in enumerate(delta.chunk_ids())]
+        else:
+            base_name = index_file_name(self.published_version)
+            base = _Part(prev)
+            delta, deleted, carried = None, set(), []
+        gone = self._run_deleted
+        limit = max(INDEX_DELTA_ROWS, INDEX_DELTA_FRACTION * base.rows)
+        added = [(c, d, delta.vectors[i]) for c, d, i in carried if c not in gone]
+        added += [(c, d, v) for c, d, v in self._run_added]
+        if len(added) > limit:
+            return False
+        if gone:
+            position = {cid: i for i, cid in enumerate(base.chunk_ids())}
+            deleted |= {position[c] for c in gone if c in position}
+        if len(added) + len(deleted) > limit:
+            return False
+        # The delta must describe exactly the table LanceDB now holds.
+        if base.rows - len(deleted) + len(added) != rows:
+            return False
+        matrix = (np.stack([v for _, _, v in added]) if added
+                  else np.zeros((0, self.dimensions), dtype=np.float32))
+        write_delta_index(path, version, base_name, np.asarray(sorted(deleted), dtype=np.int64),
+                          [c for c, _, _ in added], [d for _, d, _ in added], matrix)
+        return True
+
+    def _cleanup_index_files(self, keep: set[str]) -> None:
+        """Remove index files no manifest can name any more: all but this run's (and its base)
+        and the published one (a reader holding that version may not have opened it yet)."""
+        folder = self.lance_dir / INDEX_SUBDIR
+        if self.published_version is not None:
+            published = index_file_name(self.published_version)
+            keep = keep | {published}
+            try:
+                keep.add(self._base_of(published))
+            except (OSError, ValueError):
+                pass
+        for entry in folder.iterdir() if folder.is_dir() else ():
+            if f"{INDEX_SUBDIR}/{entry.name}" not in keep:
+                try:
+                    entry.unlink()
+                except OSError:
+                    pass
 
     def _maybe_index(self) -> None:
         """Keep the ANN index current without retraining it for every run."""
@@ -427,3 +548,377 @@ class VectorWriter:
         self.table.create_index("vector", config=IvfHnswSq(distance_type="cosine"), replace=True)
         self.trained_rows = rows
         self.index_action = "trained"
+
+
+# -- the memory-mapped index file ---------------------------------------------------------
+#
+# A copy of the vectors derived from the LanceDB table at one version, laid out so that a
+# query process opens it with one ``mmap`` (no lancedb import, nothing read up front) and
+# searches it in numpy: exactly (flat) up to IVF_MIN_ROWS vectors, through an inverted file
+# (k-means lists, each list's vectors stored together, NPROBE lists read per query) above.
+# It lives in ``<name>.lance/_groundkit/``, is named by the table version it copies, is
+# written (temporary name, fsync, rename) before the SQLite file that names it in its
+# manifest (``vector_index``) is published, and is never written by a read. A small ingest
+# writes a delta file (the rows added since the base file, and the base rows deleted) that
+# names its base, instead of copying the whole table again (adr/0033-mmap-vector-index.md).
+
+INDEX_SUBDIR = "_groundkit"
+INDEX_MAGIC = b"GKVEC001"
+_ALIGN = 64
+# Flat (every vector scored) up to this many vectors; an inverted file above.
+IVF_MIN_ROWS = EXACT_MAX_ROWS
+# Lists: about IVF_LIST_FACTOR * sqrt(rows). Lists probed per query: PROBE_FRACTION of them,
+# at least NPROBE (benchmarks/dense.py --real-vectors, real MiniLM vectors: recall@10 >= 0.95).
+IVF_LIST_FACTOR = 2.0
+NPROBE = 32
+PROBE_FRACTION = 0.10
+KMEANS_SAMPLE_PER_LIST = 32
+KMEANS_ITERATIONS = 8
+# A delta holds at most this many rows (added plus deleted) or this share of the base, as
+# LanceDB's unindexed tail does (adr/0030); past that the base file is written again (its
+# lists kept, vectors reassigned) and, past INDEX_RETRAIN_GROWTH x the rows the lists were
+# trained on, the lists are trained again.
+INDEX_DELTA_ROWS = ANN_UNINDEXED_ROWS
+INDEX_DELTA_FRACTION = ANN_UNINDEXED_FRACTION
+INDEX_RETRAIN_GROWTH = ANN_RETRAIN_GROWTH
+
+
+def index_file_name(version: int) -> str:
+    return f"{INDEX_SUBDIR}/v{int(version)}.gkv"
+
+
+def _checked_name(name: str) -> str:
+    """An index file name as ``index_file_name`` makes them, never a path elsewhere."""
+    import re
+
+    if not isinstance(name, str) or not re.fullmatch(rf"{INDEX_SUBDIR}/v[0-9]{{1,18}}\.gkv", name):
+        raise ValueError("bad index file name")
+    return name
+
+
+def _blob(strings) -> tuple[np.ndarray, np.ndarray]:
+    encoded = [s.encode("utf-8") for s in strings]
+    offsets = np.zeros(len(encoded) + 1, dtype=np.int64)
+    if encoded:
+        np.cumsum([len(b) + 1 for b in encoded], out=offsets[1:])
+    blob = np.frombuffer(b"\n".join(encoded) + (b"\n" if encoded else b""), dtype=np.uint8)
+    return blob, offsets
+
+
+def _unblob(blob: np.ndarray) -> list[str]:
+    if not blob.size:
+        return []
+    return blob.tobytes()[:-1].decode("utf-8").split("\n")
+
+
+def _write_file(path: Path, header: dict, arrays: dict, mode: int | None = None) -> None:
+    """Write ``arrays`` after a JSON header, each 64-byte aligned; publish by rename."""
+    import json
+    import os
+
+    layout, offset = {}, 0
+    for name, a in arrays.items():
+        a = np.ascontiguousarray(a)
+        arrays[name] = a
+        layout[name] = [offset, a.dtype.str, list(a.shape)]
+        offset += -(-a.nbytes // _ALIGN) * _ALIGN
+    head = json.dumps(dict(header, arrays=layout), sort_keys=True).encode()
+    start = -(-(len(INDEX_MAGIC) + 8 + len(head)) // _ALIGN) * _ALIGN
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(INDEX_MAGIC + len(head).to_bytes(8, "little") + head)
+        f.write(b"\0" * (start - f.tell()))
+        for name, a in arrays.items():
+            here = f.tell() - start
+            f.write(b"\0" * (layout[name][0] - here))
+            f.write(memoryview(a).cast("B") if a.nbytes else b"")
+        f.write(b"\0" * (start + offset - f.tell()))
+        f.flush()
+        os.fsync(f.fileno())
+    if mode is not None:
+        os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+class IndexFile:
+    """One ``.gkv`` file opened read-only by ``mmap``; arrays are views into the mapping."""
+
+    def __init__(self, path: Path):
+        import json
+        import mmap
+
+        with open(path, "rb") as f:
+            self.map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if self.map[: len(INDEX_MAGIC)] != INDEX_MAGIC:
+            raise ValueError("not a groundkit vector index file")
+        n = int.from_bytes(self.map[8:16], "little")
+        self.header = json.loads(self.map[16 : 16 + n])
+        start = -(-(16 + n) // _ALIGN) * _ALIGN
+        self.arrays = {}
+        for name, (offset, dtype, shape) in self.header["arrays"].items():
+            count = int(np.prod(shape)) if shape else 1
+            a = np.frombuffer(self.map, dtype=np.dtype(dtype), count=count, offset=start + offset)
+            self.arrays[name] = a.reshape(shape)
+
+    def __getitem__(self, name):
+        return self.arrays[name]
+
+
+class _Part:
+    """The rows of one file (a base, or a delta's added rows) as searched together."""
+
+    def __init__(self, f: IndexFile):
+        self.vectors, self.norms = f["vectors"], f["norms"]
+        self.docs, self.id_off, self.id_blob = f["docs"], f["id_off"], f["id_blob"]
+        self.doc_blob = f["doc_blob"]
+        self.offsets = f.arrays.get("offsets")
+        self.centroids = f.arrays.get("centroids")
+        self.rows = int(self.norms.shape[0])
+        self._doc_code = None
+
+    def chunk_id(self, row: int) -> str:
+        return self.id_blob[self.id_off[row] : self.id_off[row + 1] - 1].tobytes().decode("utf-8")
+
+    def chunk_ids(self) -> list[str]:
+        return _unblob(self.id_blob)
+
+    def doc_names(self) -> list[str]:
+        return _unblob(self.doc_blob)
+
+    def doc_code(self) -> dict:
+        if self._doc_code is None:
+            self._doc_code = {d: i for i, d in enumerate(self.doc_names())}
+        return self._doc_code
+
+    def rows_of(self, documents) -> np.ndarray:
+        """Row numbers whose document is in ``documents``."""
+        codes = [self.doc_code()[d] for d in documents if d in self.doc_code()]
+        if not codes:
+            return np.zeros(0, dtype=np.int64)
+        return np.flatnonzero(np.isin(self.docs, np.asarray(codes, dtype=self.docs.dtype)))
+
+
+def _score(vectors, norms, q, qnorm):
+    return (vectors @ q) / (np.maximum(norms, 1e-12) * qnorm)
+
+
+class IndexSearch:
+    """Dense search over an index file (and its delta): the query side used when the manifest
+    names one. Same answers as ``VectorSearch``'s exact numpy search when flat; an inverted
+    file probed at NPROBE lists above IVF_MIN_ROWS. Filters are prefilters: an allow-list is
+    searched exactly over its own rows; a deny-list is applied to the probed rows, and an
+    exact scan answers when that leaves fewer than the depth asked for."""
+
+    exact = True  # for callers that ask which path answered (benchmarks)
+
+    def __init__(self, lance_dir: Path, name: str, version: int, nprobe: int | None = None):
+        f = IndexFile(Path(lance_dir) / _checked_name(name))
+        if int(f.header.get("lance_version", -1)) != int(version):
+            raise ValueError("index file does not match the table version")
+        self.delta = None
+        self.deleted = None
+        if f.header.get("kind") == "delta":
+            base = IndexFile(Path(lance_dir) / _checked_name(f.header["base"]))
+            self.delta = _Part(f)
+            deleted = f["deleted"]
+            self.base = _Part(base)
+            if deleted.size:
+                self.deleted = np.zeros(self.base.rows, dtype=bool)
+                self.deleted[deleted] = True
+            self.files = (base, f)
+        else:
+            self.base = _Part(f)
+            self.files = (f,)
+        self.ivf = self.base.centroids is not None and self.base.centroids.shape[0] > 1
+        self.exact = not self.ivf
+        lists = self.base.centroids.shape[0] if self.ivf else 1
+        self.nprobe = nprobe if nprobe is not None else max(NPROBE, int(np.ceil(PROBE_FRACTION * lists)))
+        self.rows = self.base.rows + (self.delta.rows if self.delta else 0)
+        if self.deleted is not None:
+            self.rows -= int(self.deleted.sum())
+
+    def load(self) -> None:
+        """Nothing to read up front: pages come in as queries touch them."""
+
+    def _candidates(self, q, qnorm, depth, documents, exclude):
+        """``(part, rows, scores)`` triples to rank."""
+        out = []
+        parts = [(self.base, self.deleted)] + ([(self.delta, None)] if self.delta else [])
+        for i, (part, deleted) in enumerate(parts):
+            if not part.rows:
+                continue
+            if documents is not None and not exclude:
+                rows = part.rows_of(documents)
+                if deleted is not None:
+                    rows = rows[~deleted[rows]]
+                out.append((part, rows, _score(part.vectors[rows], part.norms[rows], q, qnorm)))
+                continue
+            if i == 0 and self.ivf:
+                cs = part.centroids @ q
+                probe = min(self.nprobe, cs.size)
+                lists = np.argpartition(-cs, probe - 1)[:probe] if probe < cs.size else np.arange(cs.size)
+                lists.sort()
+                starts, ends = part.offsets[lists], part.offsets[lists + 1]
+                sizes = ends - starts
+                total = int(sizes.sum())
+                # One matrix-vector product per list, written in place; rows and norms after.
+                dots = np.empty(total, dtype=np.float32)
+                at = 0
+                for a, b in zip(starts.tolist(), ends.tolist()):
+                    if b > a:
+                        np.matmul(part.vectors[a:b], q, out=dots[at : at + b - a])
+                        at += b - a
+                rows = np.repeat(starts - np.concatenate(([0], np.cumsum(sizes)[:-1])), sizes) + np.arange(total)
+                scores = dots / (np.maximum(part.norms[rows], 1e-12) * qnorm)
+            else:
+                rows = np.arange(part.rows)
+                scores = _score(part.vectors, part.norms, q, qnorm)
+            keep = None
+            if deleted is not None:
+                keep = ~deleted[rows]
+            if documents is not None:  # exclude
+                hidden = np.zeros(rows.size, dtype=bool)
+                if documents:
+                    hidden_rows = part.rows_of(documents)
+                    hidden = np.isin(rows, hidden_rows)
+                keep = ~hidden if keep is None else keep & ~hidden
+            if keep is not None:
+                rows, scores = rows[keep], scores[keep]
+            out.append((part, rows, scores))
+        return out
+
+    def search(self, vector, depth: int, documents=None, exclude: bool = False):
+        """``[(chunk_id, cosine similarity)]`` best first, at most ``depth``."""
+        if documents is not None and not documents and not exclude:
+            return []
+        q = np.asarray(vector, dtype=np.float32)
+        qnorm = max(float(np.linalg.norm(q)), 1e-12)
+        found = self._candidates(q, qnorm, depth, documents, exclude)
+        if self.ivf and documents is not None and exclude and sum(r.size for _, r, _ in found) < depth:
+            saved, self.ivf = self.ivf, False  # too few left after the deny-list: scan exactly
+            try:
+                found = self._candidates(q, qnorm, depth, documents, exclude)
+            finally:
+                self.ivf = saved
+        if not found:
+            return []
+        which = np.concatenate([np.full(r.size, i, dtype=np.int64) for i, (_, r, _) in enumerate(found)])
+        rows = np.concatenate([r for _, r, _ in found])
+        scores = np.concatenate([s for _, _, s in found]).astype(np.float32, copy=False)
+        n = scores.size
+        if not n:
+            return []
+        k = min(depth, n)
+        if k < n:
+            kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+            top = np.flatnonzero(scores >= kth)
+        else:
+            top = np.arange(n)
+        # Best first; equal scores in table order (base rows, then the delta's).
+        top = top[np.lexsort((rows[top], which[top], -scores[top]))][:k]
+        return [(found[int(which[t])][0].chunk_id(int(rows[t])), float(scores[t])) for t in top.tolist()]
+
+
+def _unit(matrix: np.ndarray) -> np.ndarray:
+    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+
+
+def _assign(unit: np.ndarray, centroids: np.ndarray, block: int = 16384) -> np.ndarray:
+    out = np.empty(unit.shape[0], dtype=np.int64)
+    for i in range(0, unit.shape[0], block):
+        out[i : i + block] = np.argmax(unit[i : i + block] @ centroids.T, axis=1)
+    return out
+
+
+def train_lists(matrix: np.ndarray, nlist: int, seed: int = 0) -> np.ndarray:
+    """Spherical k-means on a sample of ``matrix``: ``nlist`` unit-length centroids."""
+    rng = np.random.default_rng(seed)
+    n = matrix.shape[0]
+    take = min(n, nlist * KMEANS_SAMPLE_PER_LIST)
+    sample = _unit(matrix[np.sort(rng.choice(n, take, replace=False))].astype(np.float32))
+    centroids = sample[rng.choice(take, nlist, replace=False)].copy()
+    for _ in range(KMEANS_ITERATIONS):
+        assign = _assign(sample, centroids)
+        order = np.argsort(assign, kind="stable")
+        counts = np.bincount(assign, minlength=nlist)
+        starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        filled = counts > 0
+        sums = np.add.reduceat(sample[order], starts[filled], axis=0)
+        centroids[filled] = _unit(sums)
+        empty = np.flatnonzero(~filled)
+        if empty.size:  # an empty list restarts at a random sample vector
+            centroids[empty] = sample[rng.choice(take, empty.size, replace=False)]
+    return centroids.astype(np.float32)
+
+
+def write_base_index(path: Path, version: int, ids, docs, matrix: np.ndarray, *,
+                     centroids: np.ndarray | None = None, trained_rows: int | None = None) -> dict:
+    """Write the whole index file for ``version`` from every row; returns its header."""
+    matrix = np.ascontiguousarray(matrix, dtype=np.float32)
+    n = matrix.shape[0]
+    ids = np.asarray(ids, dtype=object)
+    norms = np.linalg.norm(matrix, axis=1).astype(np.float32)
+    header = {"kind": "base", "lance_version": int(version), "rows": n,
+              "dims": int(matrix.shape[1]) if matrix.ndim == 2 else 0}
+    arrays = {}
+    if n > IVF_MIN_ROWS:
+        nlist = max(2, int(IVF_LIST_FACTOR * n ** 0.5))
+        if centroids is None or centroids.shape[1] != matrix.shape[1]:
+            centroids, trained_rows = train_lists(matrix, nlist), n
+        assign = _assign(matrix / np.maximum(norms, 1e-12)[:, None], centroids)
+        order = np.argsort(assign, kind="stable")
+        offsets = np.searchsorted(assign[order], np.arange(centroids.shape[0] + 1)).astype(np.int64)
+        arrays["centroids"] = centroids
+        arrays["offsets"] = offsets
+        header["trained_rows"] = int(trained_rows or n)
+    else:
+        order = np.arange(n)
+    names, codes = np.unique(np.asarray(docs, dtype=object), return_inverse=True) if n else (
+        np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64))
+    id_blob, id_off = _blob(ids[order].tolist())
+    doc_blob, _ = _blob(names.tolist())
+    arrays.update(vectors=matrix[order], norms=norms[order],
+                  docs=codes.reshape(-1)[order].astype(np.int32), id_blob=id_blob, id_off=id_off,
+                  doc_blob=doc_blob)
+    _write_file(path, header, arrays)
+    return header
+
+
+def write_delta_index(path: Path, version: int, base_name: str, deleted: np.ndarray, ids, docs,
+                      matrix: np.ndarray) -> None:
+    """Write a delta for ``version``: base rows ``deleted``, and the rows added since the base."""
+    matrix = np.ascontiguousarray(matrix, dtype=np.float32).reshape(len(ids), -1)
+    names, codes = np.unique(np.asarray(docs, dtype=object), return_inverse=True) if len(ids) else (
+        np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64))
+    id_blob, id_off = _blob(list(ids))
+    doc_blob, _ = _blob(names.tolist())
+    _write_file(path, {"kind": "delta", "lance_version": int(version), "base": base_name,
+                       "rows": len(ids)},
+                {"deleted": np.asarray(sorted(set(int(d) for d in deleted)), dtype=np.int64),
+                 "vectors": matrix, "norms": np.linalg.norm(matrix, axis=1).astype(np.float32),
+                 "docs": codes.reshape(-1).astype(np.int32), "id_blob": id_blob, "id_off": id_off,
+                 "doc_blob": doc_blob})
+
+
+def build_index_from_table(lance_dir: Path, table, version: int, *, centroids=None,
+                           trained_rows=None) -> str:
+    """Write the base index file for the table at ``version`` (every row read once)."""
+    data = table.to_arrow().select(["chunk_id", "document_id", "vector"])
+    vectors = data.column("vector").combine_chunks()
+    width = vectors.type.list_size
+    matrix = vectors.values.to_numpy(zero_copy_only=False).reshape(-1, width)
+    name = index_file_name(version)
+    write_base_index(Path(lance_dir) / name, version, data.column("chunk_id").to_pylist(),
+                     data.column("document_id").to_pylist(), matrix, centroids=centroids,
+                     trained_rows=trained_rows)
+    return name
+
+
+def build_index(lance_dir: Path, version: int) -> str:
+    """Write the index file for an existing table version (collections ingested before the
+    file existed; benchmarks). The manifest must still name it before readers use it."""
+    table = open_table(Path(lance_dir), version)
+    if table is None:
+        raise FileNotFoundError("no vector table")
+    return build_index_from_table(lance_dir, table, version)

@@ -21,7 +21,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from ..collection.extract import MAX_FILE_BYTES, Skipped, extract_bytes, extractor_available
+# The ingest limit (collection/extract.py MAX_FILE_BYTES), not imported from there: a search never
+# needs the extractors' imports (tests/test_citations.py checks the two agree).
+MAX_FILE_BYTES = 64 * 1024 * 1024
+
 
 __all__ = ["Relocation", "SourceUnavailable", "StaleCheck", "Verification", "current_source",
            "line_of", "sources_changed", "verify_citation"]
@@ -83,6 +86,8 @@ def current_source(
     if base_dir is None:
         raise _Unresolvable("no base directory configured")
     real_base, path = _resolve_source(Path(base_dir), source)
+    from ..collection.extract import extractor_available  # here: a search never needs extract
+
     if not extractor_available(extractor, extractor_version):
         raise _Unresolvable(f"extractor {extractor} version {extractor_version} is not available")
     data = _read_bounded(path, real_base)
@@ -294,6 +299,8 @@ def _reextract(
     data: bytes, source: str, source_class: str, extractor: str, extractor_version: str,
     encoding: str | None = None,
 ) -> str:
+    from ..collection.extract import Skipped, extract_bytes
+
     # The suffix comes from the recorded source, as at ingest (not from a link's target).
     try:
         extracted = extract_bytes(data, PurePosixPath(source).suffix, encoding=encoding)

@@ -59,6 +59,7 @@ class Collection:
         # Not ``_lock``: opening LanceDB takes long and must not hold up BM25 on this object.
         self._vector_lock = threading.Lock()
         self._vector_search = None
+        self._index_failed = False
         self._prefetch = None
         self._vector_total = None
         self.postings_cache: dict = {}
@@ -182,6 +183,18 @@ class Collection:
     def vector_search(self):
         """The query side of the vectors (collection/vectors.py ``VectorSearch``), opened
         once; None for a BM25-only collection."""
+        if self._vector_search is None and not self._index_failed:
+            name, version = self.manifest.get("vector_index"), self.manifest.get("lance_version")
+            if self.embedding is not None and name and version is not None:
+                # The memory-mapped index file: no lancedb import, nothing read up front.
+                with self._vector_lock:
+                    if self._vector_search is None:
+                        from ..collection.vectors import IndexSearch
+
+                        try:
+                            self._vector_search = IndexSearch(self.lance_path, name, int(version))
+                        except (OSError, ValueError, KeyError):
+                            self._index_failed = True  # LanceDB, the store of record, answers
         if self._vector_search is None:
             table = self.vectors()
             if table is None:
@@ -322,16 +335,20 @@ class Collection:
 
     def vector_count(self, hidden_documents=()) -> int:
         """Chunks of this version that have a vector, leaving out ``hidden_documents``' chunks."""
+        if not hidden_documents and self._vector_total is None:
+            try:
+                search = self.vector_search()
+            except IndexInconsistent:
+                return 0
+            self._vector_total = search.rows if search is not None else 0
+        if not hidden_documents:
+            return self._vector_total
         try:
             table = self.vectors()
         except IndexInconsistent:
             return 0
         if table is None:
             return 0
-        if not hidden_documents:
-            if self._vector_total is None:
-                self._vector_total = table.count_rows()
-            return self._vector_total
         hidden = set(hidden_documents)
         ids = table.to_arrow().select(["chunk_id", "document_id"]).to_pydict()
         with_vector = {c for c, d in zip(ids["chunk_id"], ids["document_id"]) if d not in hidden}

@@ -237,27 +237,13 @@ def _ranked_chunks(collection, query: str, mode: str, depth: int, vector=None):
     if mode == "bm25":
         return rankers.bm25_ranked(collection, query, chunk_depth, None)
     if mode == "dense":
-        return rankers.dense_ranked(collection, vector, _dense_cap(collection, chunk_depth), None)
+        return rankers.dense_ranked(collection, vector, chunk_depth, None)
     # Hybrid keeps the product's candidate depth per list, so its fusion is the product's.
     per_list = max(depth, HYBRID_DEPTH)
     return fuse(
         rankers.bm25_ranked(collection, query, per_list, None),
-        rankers.dense_ranked(collection, vector, _dense_cap(collection, per_list), None),
+        rankers.dense_ranked(collection, vector, per_list, None),
     )
-
-
-def _dense_cap(collection, depth: int) -> int:
-    """LanceDB refuses an ANN search for more rows than its ``ef``, which the library fixes.
-
-    So a dense list over an ANN index may hold fewer than ``depth`` chunks.
-    """
-    from ..collection import vectors
-
-    ef = getattr(vectors, "ANN_EF", None)
-    if collection.manifest.get("ann_index") and ef:
-        # The refine factor multiplies the rows asked of the index.
-        return min(depth, int(ef) // max(1, int(getattr(vectors, "ANN_REFINE", 1))))
-    return depth
 
 
 @dataclass

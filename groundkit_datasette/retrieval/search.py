@@ -208,6 +208,8 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
         raise RerankNotConfigured("reranking was requested but no reranker is configured")
     depth = _ranking_depth(request, name)
     ctx = RankContext(collection, request, depth, _allowed(collection, request, access))
+    if mode.needs_vectors and request.vector is None:
+        collection.prefetch()  # a fresh process loads the query model while BM25 ranks
     ranked = mode.rank(ctx)
     builtin = mode in BUILTIN_MODES
     # Hit rows a built-in ranker read along with its ranking (one lookup by row id).
