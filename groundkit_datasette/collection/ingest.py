@@ -226,6 +226,50 @@ class _savepoint:
         return False
 
 
+_DOCUMENT_COLUMNS = ("source, document_id, file_hash, extractor, extractor_version, acl, "
+                     "source_size, source_mtime_ns")
+
+
+def _existing_documents(conn, sources, prefixes, gone_files) -> dict:
+    """``{source: (document_id, file_hash, ...)}`` of the stored documents a run can touch: those
+    at the walked sources, under a walked directory (``prefixes``), or at a root now gone. Read
+    by key, not by listing the collection, unless the run covers most of it."""
+    total = conn.execute("SELECT max(rowid) FROM documents").fetchone()[0] or 0
+    if "" in prefixes or len(sources) * 4 > total:
+        return {row[0]: row[1:] for row in conn.execute(f"SELECT {_DOCUMENT_COLUMNS} FROM documents")}
+    out = {}
+    wanted = list(dict.fromkeys([*sources, *gone_files]))
+    for i in range(0, len(wanted), 500):
+        part = wanted[i : i + 500]
+        out.update((row[0], row[1:]) for row in conn.execute(
+            f"SELECT {_DOCUMENT_COLUMNS} FROM documents WHERE source IN ({','.join('?' * len(part))})", part))
+    for prefix in prefixes:  # each ends with "/": the range [prefix, prefix with "/" -> "0")
+        out.update((row[0], row[1:]) for row in conn.execute(
+            f"SELECT {_DOCUMENT_COLUMNS} FROM documents WHERE source >= ? AND source < ?",
+            (prefix, prefix[:-1] + "0")))
+    return out
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """Copy ``src`` over the (existing, empty) ``dst`` with ``copy_file_range``: a clone where the
+    file system can share blocks (btrfs, XFS), a copy inside the kernel elsewhere (adr/0031-edit-one-file-edit-cost.md)."""
+    with open(src, "rb") as fi, open(dst, "r+b") as fo:
+        size, done = os.fstat(fi.fileno()).st_size, 0
+        try:
+            while done < size:
+                n = os.copy_file_range(fi.fileno(), fo.fileno(), size - done, done, done)
+                if n == 0:
+                    break
+                done += n
+        except OSError:  # not offered here (another file system, an old kernel): copy in Python
+            done = 0
+        if done < size:
+            fi.seek(0)
+            fo.seek(0)
+            fo.truncate()
+            shutil.copyfileobj(fi, fo, 1 << 20)
+
+
 def document_id_for(source: str) -> str:
     return "d_" + _sha(source)[:20]
 
@@ -267,6 +311,7 @@ class Indexer:
         ann_threshold: int | None = None,
         group_readable: bool | None = None,
         map_stage: Callable | None = None,
+        spare_copy: bool = True,
     ):
         self.name = validate_name(name)
         # Turns files to (re)process into documents, in order: here (below), or on a cluster
@@ -290,6 +335,11 @@ class Indexer:
         self.group_readable = group_readable
         self._file_mode, self._dir_mode = PRIVATE_MODES
         self._created_lance: Path | None = None
+        # Keep a copy of the published file for the next run's private copy, made after the
+        # publish (adr/0002, "spare copy"): a run then starts without copying the file.
+        self.spare_copy = spare_copy
+        self._took_spare = False
+        self._retired = self.index_dir / f".{self.name}.sqlite3.ingest-{os.getpid()}.old"
 
     # -- paths and files ---------------------------------------------------
 
@@ -397,19 +447,28 @@ class Indexer:
             self.index_dir.mkdir(parents=True, mode=self._dir_mode)
             os.chmod(self.index_dir, self._dir_mode)  # mkdir's mode is filtered by the umask
         report = IngestReport()
+        # Wall seconds per stage of this run (benchmarks/ingest.py prints them).
+        self.timings: dict[str, float] = {}
+        self._last_mark = time.perf_counter()
         with self._write_lock():
             self._remove_stale_copies()
             work = self.index_dir / f".{self.name}.sqlite3.ingest-{os.getpid()}"
             try:
-                # Created with its final mode before any corpus text is written into it.
-                os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode))
-                os.chmod(work, self._file_mode)
+                # The spare copy becomes the private copy (renamed to a free name: renaming over
+                # a file would make ext4 start writing the whole spare out, adr/0031-edit-one-file-edit-cost.md). Otherwise
+                # the copy is created with its final mode before any corpus text is written.
+                self._took_spare = self.path.exists() and self._take_spare(work)
+                if not self._took_spare:
+                    os.close(os.open(work, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode))
+                    os.chmod(work, self._file_mode)
                 conn = self._open_private_copy(work)
+                self._mark("open")
                 try:
                     # One transaction for the run (the copy is private): per-document commits
                     # would make FTS5 write and merge a segment per document.
                     conn.execute("BEGIN")
                     changed, vectors = self._run(conn, base, roots, report)
+                    self._mark("documents")
                     if changed:
                         self._finish(conn, vectors)
                     else:
@@ -420,15 +479,30 @@ class Indexer:
                     raise
                 if changed:
                     self._publish(work)
+                    self._mark("publish")
                     report.published = True
+                    self.published_seconds = time.perf_counter() - started
             finally:
+                if not report.published and self._took_spare:
+                    self._return_spare(work)
                 if work.exists():
                     work.unlink()
+                # The replaced version's last name, dropped once the new one is live.
+                self._retired.unlink(missing_ok=True)
+                self._mark("retire")
                 if not report.published and self._created_lance is not None and not self.path.exists():
                     shutil.rmtree(self._created_lance, ignore_errors=True)  # nothing refers to it
+            if report.published and self.spare_copy:
+                self._make_spare()
+                self._mark("spare")
         report.seconds = time.perf_counter() - started
         self.progress({"event": "done", "report": report})
         return report
+
+    def _mark(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.timings[stage] = self.timings.get(stage, 0.0) + now - self._last_mark
+        self._last_mark = now
 
     def _choose_modes(self) -> None:
         group = self.group_readable
@@ -485,11 +559,79 @@ class Indexer:
         # Only reachable while holding the lock, so any copy left here is from a dead run.
         for stale in self.index_dir.glob(f".{self.name}.sqlite3.ingest-*"):
             stale.unlink(missing_ok=True)
+        spare = self._spare_path()
+        for old in self.index_dir.glob(f".{self.name}.sqlite3.spare-*"):
+            if old != spare:  # of another version, another boot, or half made
+                old.unlink(missing_ok=True)
+
+    def _spare_path(self) -> Path | None:
+        """Where a spare copy of the live file as it is now would be: its name holds the boot
+        and the live file's identity, so a copy of another version or one made before a crash
+        (never synced) is not used."""
+        try:
+            with open("/proc/sys/kernel/random/boot_id") as f:
+                boot = f.read().strip()
+            st = self.path.stat()
+        except OSError:
+            return None
+        return self.index_dir / (f".{self.name}.sqlite3.spare-{boot}-{st.st_dev}-{st.st_ino}-"
+                                 f"{st.st_size}-{st.st_mtime_ns}")
+
+    def _make_spare(self) -> None:
+        """Copy the file just published for the next run (under the lock, never read by anyone
+        else). Synced here, after the publish, so that the next publish's fsync writes only what
+        that run changed; a crash before then changes the boot id in its name, so a copy that
+        may be torn is never used."""
+        spare = self._spare_path()
+        if spare is None:
+            return
+        tmp = self.index_dir / f".{self.name}.sqlite3.spare-{os.getpid()}.tmp"
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, self._file_mode))
+            os.chmod(tmp, self._file_mode)
+            _copy_file(self.path, tmp)
+            with open(tmp, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(tmp, spare)
+        except OSError as exc:  # only the next run's speed depends on it
+            log.warning("could not keep a spare copy of collection '%s': %s", self.name, exc.strerror)
+            tmp.unlink(missing_ok=True)
+
+    def _return_spare(self, work: Path) -> None:
+        """A run that published nothing rolled its copy back (SQLite restores every page it
+        changed, and the size): it is the spare again, unless something was committed to it
+        (the header's change counter says so). So a refused run leaves the directory as it was."""
+        spare = self._spare_path()
+        try:
+            with open(self.path, "rb") as a, open(work, "rb") as b:
+                if spare is not None and a.read(100) == b.read(100):
+                    os.replace(work, spare)
+        except OSError:
+            pass
+
+    def _take_spare(self, work: Path) -> bool:
+        """Make the spare copy of the live file the private copy, if there is one."""
+        spare = self._spare_path()
+        if spare is None or not spare.exists():
+            return False
+        try:
+            with open(self.path, "rb") as a, open(spare, "rb") as b:
+                same = a.read(100) == b.read(100)  # the header holds SQLite's change counter
+            if not same:
+                spare.unlink()
+                return False
+            work.unlink(missing_ok=True)  # a dead run's, with this pid
+            os.rename(spare, work)
+            os.chmod(work, self._file_mode)
+        except OSError:
+            return False
+        return True
 
     def _open_private_copy(self, work: Path) -> sqlite3.Connection:
         live = self.path
         if live.exists():
-            shutil.copyfile(live, work)
+            if not self._took_spare:
+                _copy_file(live, work)
             conn = sqlite3.connect(work)
             try:
                 check_stamp(conn)
@@ -510,9 +652,9 @@ class Indexer:
         conn.isolation_level = None
         # The term ids of every chunk row the run deletes (by any path: an update, a removed
         # document, a cascade): the postings of just those terms are rewritten at the end.
-        conn.execute("CREATE TEMP TABLE removed_terms(id INTEGER PRIMARY KEY, term_ids BLOB)")
+        conn.execute("CREATE TEMP TABLE removed_terms(id INTEGER PRIMARY KEY, term_ids BLOB, length INTEGER)")
         conn.execute("CREATE TEMP TRIGGER removed_terms AFTER DELETE ON main.bm25_chunk_terms BEGIN "
-                     "INSERT OR REPLACE INTO removed_terms VALUES (old.id, old.term_ids); END")
+                     "INSERT OR REPLACE INTO removed_terms VALUES (old.id, old.term_ids, old.length); END")
         return conn
 
     def _bind_embedder(self, conn, manifest: dict):
@@ -566,13 +708,12 @@ class Indexer:
                                    trained_rows=int(manifest.get("ann_trained_rows") or 0) or None,
                                    **({"ann_threshold": self.ann_threshold}
                                       if self.ann_threshold is not None else {}))
-        existing = {
-            row[0]: row[1:]
-            for row in conn.execute(
-                "SELECT source, document_id, file_hash, extractor, extractor_version, acl, "
-                "source_size, source_mtime_ns FROM documents"
-            )
-        }
+        # Every chunk has its vector at the published version when the table holds one row per
+        # chunk there (chunk ids are unique): then no search for missing vectors is needed.
+        self._vectors_complete = bool(
+            vectors is not None and vectors.table is not None and manifest.get("lance_version")
+            and not rechunk
+            and vectors.start_rows == conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
         acls = ACLResolver(base)
         terms = bm25_index.TermTable(conn)
         if manifest.get("tokenizer") != bm25_index.TOKENIZER and terms.has_cjk_terms():
@@ -591,7 +732,8 @@ class Indexer:
                 return
             new_vectors = {}
             if embedder is not None:
-                keep = vectors.existing_ids([cid for p in pending for cid in p.chunk_ids])
+                keep = vectors.existing_ids([cid for p in pending for cid in p.chunk_ids],
+                                            [p.document_id for p in pending])
                 texts, ids = [], []
                 for p in pending:
                     for ch, cid in zip(p.chunks, p.chunk_ids):
@@ -629,6 +771,11 @@ class Indexer:
         walked = [r for r in unique_roots
                   if r not in gone and not any(p in dir_roots for p in r.parents)]
         files = list({item[0]: item for root in walked for item in self._walk(base, root, report)}.values())
+        # Prune documents whose files are gone from a directory root given in this run.
+        prefixes = tuple("" if root == base else root.relative_to(base).as_posix() + "/"
+                         for root in dir_roots | gone)
+        gone_files = {root.relative_to(base).as_posix() for root in gone if root != base}
+        existing = _existing_documents(conn, [s for s, _ in files], prefixes, gone_files)
         self.progress({"event": "start", "total": len(files)})
         jobs = self._jobs(files, seen, existing, acls, rechunk, generation, report)
         for job, result in self.map_stage(jobs, self, vectors):
@@ -669,10 +816,6 @@ class Indexer:
         terms.flush()
         index_new_chunks(conn, first_new_row)
 
-        # Prune documents whose files are gone from a directory root given in this run.
-        prefixes = tuple("" if root == base else root.relative_to(base).as_posix() + "/"
-                         for root in dir_roots | gone)
-        gone_files = {root.relative_to(base).as_posix() for root in gone if root != base}
         if prefixes:
             for source, (document_id, *_rest) in existing.items():
                 if source not in seen and (source.startswith(prefixes) or source in gone_files):
@@ -735,7 +878,12 @@ class Indexer:
         re-embedded by the main pass, so without this a re-ingest would publish a vector table
         covering only the files that changed.
         """
+        if self._vectors_complete:
+            # Every chunk had its vector at the published version and each chunk this run
+            # wrote got one: nothing to look for (adr/0031-edit-one-file-edit-cost.md).
+            return False
         missing: dict[str, list[str]] = {}
+        vectors.load_all()
         # The chunk ids alone come from their index, not from the rows (which hold the text).
         known = vectors.ids
         listed = conn.execute("SELECT group_concat(chunk_id, ' ') FROM chunks").fetchone()[0]
@@ -915,6 +1063,7 @@ class Indexer:
     def _finish(self, conn, vectors) -> None:
         self.progress({"event": "postings"})
         self._keep_postings(conn)
+        self._mark("postings")
         if vectors is not None:
             version = vectors.commit()
             self.ann_action = vectors.index_action
@@ -924,30 +1073,51 @@ class Indexer:
                 "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 vectors.manifest_entries(),
             )
+            self._mark("vectors")
         conn.execute("COMMIT")
         # Immutable readers ignore WAL content: leave a plain rollback-journal file.
         conn.execute("PRAGMA journal_mode = DELETE")
         conn.execute("PRAGMA optimize")
+        self._mark("commit")
 
     def _keep_postings(self, conn) -> None:
         """Rewrite the postings of the terms this run's chunk rows touched, or all of them when
         the settings changed, the statistics drifted or the file has none recorded
         (adr/0030-postings-and-index-upkeep.md)."""
-        recorded = read_manifest(conn).get("bm25_stats")
+        manifest = read_manifest(conn)
+        recorded = manifest.get("bm25_stats")
         used = None
+        # The token count of every chunk row (for avgdl), kept in the manifest so that a run
+        # need not read every row: the recorded one, less the rows deleted, plus those added.
+        totals = {}
         if recorded and not getattr(self, "_rebuild_postings", True):
             removed = dict(conn.execute("SELECT id, term_ids FROM temp.removed_terms"))
-            used = bm25_index.update_postings(conn, removed, self._first_new_row, json.loads(recorded))
+            if manifest.get("bm25_length"):
+                totals["length"] = (
+                    int(manifest["bm25_length"])
+                    - conn.execute("SELECT coalesce(sum(length), 0) FROM temp.removed_terms").fetchone()[0]
+                    + conn.execute("SELECT coalesce(sum(length), 0) FROM bm25_chunk_terms WHERE id >= ?",
+                                   (self._first_new_row,)).fetchone()[0])
+            used = bm25_index.update_postings(conn, removed, self._first_new_row, json.loads(recorded),
+                                              totals=totals)
         self.postings_rebuilt = used is None
         if used is None:
-            used = bm25_index.rebuild_postings(conn)
-        conn.execute(
-            "INSERT INTO groundkit_manifest(key, value) VALUES ('bm25_stats', ?) "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (json.dumps(used),))
+            totals = {}
+            used = bm25_index.rebuild_postings(conn, totals=totals)
+        conn.executemany(
+            "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
+            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            [("bm25_stats", json.dumps(used)), ("bm25_length", str(totals.get("length", "")))])
 
     def _publish(self, work: Path) -> None:
         with open(work, "rb") as f:
             os.fsync(f.fileno())
+        try:
+            # A second name for the version being replaced, so that the rename does not free
+            # its blocks (a large file takes a while); it is unlinked after the publish.
+            os.link(self.path, self._retired)
+        except OSError:
+            pass
         os.replace(work, self.path)
         dir_fd = os.open(self.index_dir, os.O_RDONLY)
         try:

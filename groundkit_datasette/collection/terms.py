@@ -216,36 +216,70 @@ class _Chunks:
         return cls(ids, lengths, docs, len(ordinal))
 
     @classmethod
-    def after_run(cls, conn: sqlite3.Connection, first_new_row: int) -> "_Chunks":
-        """The same as :meth:`read`, from the published document map and this run's new rows:
-        a run deletes every row of a document it rewrites, so the surviving documents keep
-        their order and the new rows' documents come after them."""
+    def after_run(cls, conn: sqlite3.Connection, first_new_row: int, gone: np.ndarray) -> "_Chunks | None":
+        """Row ids and document ordinals as :meth:`read` gives them, from the published document
+        map, the deleted rows ``gone`` and this run's new rows, without reading the other chunk
+        rows (lengths are read on demand, :meth:`lengths_of`). A run deletes every row of a document
+        it rewrites, so the surviving documents keep their order and the new rows' documents
+        come after them. None when the map does not fit the table (the caller reads it all)."""
         row = conn.execute("SELECT chunk_ids FROM bm25_postings WHERE term_id = ?",
                            (DOCUMENT_MAP_ID,)).fetchone()
-        rows = np.array(conn.execute("SELECT id, length FROM bm25_chunk_terms ORDER BY id").fetchall(),
-                        dtype=np.int64).reshape(-1, 2)
-        ids, lengths = rows[:, 0].copy(), rows[:, 1].copy()
-        del rows
-        old = ids[ids < first_new_row]
-        published = np.frombuffer(row[0], dtype=np.int32) if row is not None else None
-        if published is None or (old.size and (int(old[-1]) >= published.size
-                                               or (published[old] < 0).any())):
-            return cls.read(conn)
+        if row is None:
+            return None
+        published = np.frombuffer(row[0], dtype=np.int32)
+        old = np.flatnonzero(published >= 0)
+        old = old[old < first_new_row]
+        if gone.size:
+            old = old[~np.isin(old, gone)]
+        new = conn.execute("SELECT t.id, t.length, c.document_id FROM bm25_chunk_terms t "
+                           "JOIN chunks c ON c.id = t.id WHERE t.id >= ? ORDER BY t.id",
+                           (first_new_row,)).fetchall()
+        if old.size + len(new) != conn.execute("SELECT count(*) FROM chunks").fetchone()[0]:
+            return None
         _, docs_old = np.unique(published[old], return_inverse=True)
         offset = int(docs_old.max()) + 1 if docs_old.size else 0
         ordinal: dict[str, int] = {}
-        new_docs = [ordinal.setdefault(did, offset + len(ordinal)) for (did,) in conn.execute(
-            "SELECT c.document_id FROM bm25_chunk_terms t JOIN chunks c ON c.id = t.id "
-            "WHERE t.id >= ? ORDER BY t.id", (first_new_row,))]
+        new_docs = [ordinal.setdefault(did, offset + len(ordinal)) for _i, _l, did in new]
         if ordinal:  # a new row's document must have no older rows left
             marks = ",".join("?" * len(ordinal))
             if conn.execute(f"SELECT 1 FROM chunks WHERE id < ? AND document_id IN ({marks}) LIMIT 1",
                             (first_new_row, *ordinal)).fetchone():
-                return cls.read(conn)
+                return None
+        ids = np.concatenate([old.astype(np.int64), np.array([r[0] for r in new], dtype=np.int64)])
         docs = np.concatenate([docs_old.astype(np.int64).ravel(), np.array(new_docs, dtype=np.int64)])
-        if docs.size != ids.size:
-            return cls.read(conn)
-        return cls(ids, lengths, docs, offset + len(ordinal))
+        lengths = np.zeros(ids.size, dtype=np.int64)  # known for the new rows only
+        lengths[old.size:] = [r[1] for r in new]
+        out = cls(ids, lengths, docs, offset + len(ordinal))
+        # Whether each document that lost rows lost all of them (as a run rewrites documents):
+        # then a term's df moves only by the documents of the deleted and the added rows.
+        out.gone_docs = published[gone[gone < published.size]].astype(np.int64)
+        out.whole_documents = bool((gone < published.size).all() and (out.gone_docs >= 0).all()
+                                   and not np.isin(out.gone_docs, published[old]).any())
+        out._conn = conn
+        out._known = np.zeros(out.length_of.size, dtype=bool)
+        out._known[ids[old.size:]] = True
+        return out
+
+    def lengths_of(self, ids: np.ndarray) -> np.ndarray:
+        """The token counts of the chunk rows ``ids`` (read from the table when not yet known)."""
+        known = getattr(self, "_known", None)
+        if known is not None:
+            todo = np.unique(ids[~known[ids]])
+            if todo.size > 50_000:  # cheaper in one sorted scan
+                rows = self._conn.execute("SELECT id, length FROM bm25_chunk_terms").fetchall()
+                a = np.array(rows, dtype=np.int64).reshape(-1, 2)
+                a = a[a[:, 0] < self.length_of.size]
+                self.length_of[a[:, 0]] = a[:, 1]
+                self._known[:] = True
+            else:
+                for g in range(0, todo.size, 900):
+                    part = todo[g : g + 900].tolist()
+                    for i, n in self._conn.execute(
+                            "SELECT id, length FROM bm25_chunk_terms WHERE id IN "
+                            f"({','.join('?' * len(part))})", part):
+                        self.length_of[i] = n
+                known[todo] = True
+        return self.length_of[ids]
 
     def stats(self) -> dict:
         """The collection's own statistics, as the weights use them."""
@@ -405,7 +439,7 @@ def _set_doc_freqs(conn, terms: np.ndarray, df: np.ndarray) -> None:
 
 
 def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B,
-                     stats: dict | None = None) -> dict:
+                     stats: dict | None = None, totals: dict | None = None) -> dict:
     """Recompute every posting weight from ``bm25_chunk_terms``, in bounded memory.
 
     The chunk term rows are read once for document frequencies, then once per range of
@@ -414,6 +448,8 @@ def rebuild_postings(conn: sqlite3.Connection, k1: float = K1, b: float = B,
     Returns the statistics used (the manifest's ``bm25_stats``).
     """
     chunks = _Chunks.read(conn)
+    if totals is not None:  # the token count of every chunk row (the manifest's bm25_length)
+        totals["length"] = int(chunks.lengths.sum())
     conn.execute("DELETE FROM bm25_postings")
     if not chunks.ids.size:
         conn.execute("DELETE FROM bm25_vocab")
@@ -476,23 +512,32 @@ def _frequencies_from_weights(weights, idf, dl, avgdl, k1, b):
 
 
 def update_postings(conn: sqlite3.Connection, removed: dict[int, bytes], first_new_row: int,
-                    stats: dict, k1: float = K1, b: float = B) -> dict | None:
+                    stats: dict, k1: float = K1, b: float = B, totals: dict | None = None) -> dict | None:
     """Bring the postings up to date after a run that removed the chunk rows ``removed``
     (row id -> its term ids) and added rows from ``first_new_row`` on, rewriting only the
     terms those rows hold, with the statistics ``stats`` the stored weights were computed with.
 
+    ``totals``: ``{"length": the token count of every chunk row now}`` when the caller knows it
+    (the manifest keeps it); otherwise it is summed here. It is updated in place.
     The result is byte for byte what :func:`rebuild_postings` gives with the same ``stats``.
     Returns the statistics used, or None when the collection's own have drifted past
-    :data:`STATS_DRIFT` (the caller then rebuilds, see :func:`refresh_postings`).
+    :data:`STATS_DRIFT` (the caller then rebuilds).
     """
+    totals = {} if totals is None else totals
     if not removed and conn.execute(
             "SELECT 1 FROM bm25_chunk_terms WHERE id >= ? LIMIT 1", (first_new_row,)).fetchone() is None:
         return stats  # no chunk row changed: nor did any posting
-    chunks = _Chunks.after_run(conn, first_new_row)
-    if not chunks.ids.size or drifted(stats, chunks.stats()):
+    gone = np.unique(np.fromiter(removed, dtype=np.int64, count=len(removed)))
+    chunks = _Chunks.after_run(conn, first_new_row, gone)
+    if chunks is None:  # no usable document map: every row read
+        chunks = _Chunks.read(conn)
+        totals["length"] = int(chunks.lengths.sum())
+    if totals.get("length") is None:
+        totals["length"] = int(conn.execute("SELECT coalesce(sum(length), 0) FROM bm25_chunk_terms").fetchone()[0])
+    own = {"documents": chunks.documents, "avgdl": float(max(totals["length"] / max(chunks.ids.size, 1), 1e-9))}
+    if not chunks.ids.size or drifted(stats, own):
         return None
     n, avgdl = stats["documents"], stats["avgdl"]
-    gone = np.unique(np.fromiter(removed, dtype=np.int64, count=len(removed)))
     touched = [np.frombuffer(blob, dtype=np.int32) for blob in removed.values()]
     added = list(_term_rows(conn, "WHERE t.id >= ?", (first_new_row,)))
     touched += [tids for _ids, _per, tids, _f in added]
@@ -513,6 +558,12 @@ def update_postings(conn: sqlite3.Connection, removed: dict[int, bytes], first_n
                 "SELECT term_id, length(chunk_ids) / 4 FROM bm25_postings WHERE term_id IN "
                 f"({','.join('?' * len(part))})", part))
         cf = np.array([sizes.get(t, 0) for t in touched.tolist()], dtype=np.int64)
+        if getattr(chunks, "whole_documents", False):
+            # Terms whose df the run leaves as it was keep their stored weights: their lists are
+            # spliced as bytes. The others are rewritten below, weights recomputed.
+            same = _unchanged_df(conn, touched, removed, gone, chunks, a_ids, a_terms)
+            _splice_terms(conn, touched[same], gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, k1, b)
+            touched, cf = touched[~same], cf[~same]
         budget = max(1, PAIRS_PER_PASS // 3)  # an update holds more per posting than a rebuild
         lo = 0
         while lo < touched.size:  # groups of terms holding at most that many old postings
@@ -525,7 +576,87 @@ def update_postings(conn: sqlite3.Connection, removed: dict[int, bytes], first_n
     return stats
 
 
+def _unchanged_df(conn, terms, removed, gone, chunks, a_ids, a_terms) -> np.ndarray:
+    """Which of ``terms`` keep their df: documents that lost rows lost all of them, so a term's
+    df drops by the documents of the deleted rows holding it and rises by those of the added
+    rows holding it (each counted once per document)."""
+    def per_term(t, d):
+        if not t.size:
+            return np.zeros(terms.size, dtype=np.int64)
+        pairs = np.unique(t.astype(np.int64) * (chunks.documents + chunks.gone_docs.max(initial=0) + 2) + d)
+        counted = pairs // (chunks.documents + chunks.gone_docs.max(initial=0) + 2)
+        out = np.zeros(terms.size, dtype=np.int64)
+        u, k = np.unique(counted, return_counts=True)
+        out[np.searchsorted(terms, u)] = k
+        return out
+
+    r_terms = [np.frombuffer(removed[int(i)], dtype=np.int32) for i in gone]
+    r_docs = [np.full(t.size, d, dtype=np.int64) for t, d in zip(r_terms, chunks.gone_docs.tolist())]
+    lost = per_term(np.concatenate(r_terms) if r_terms else np.empty(0, np.int32),
+                    np.concatenate(r_docs) if r_docs else np.empty(0, np.int64))
+    gained = per_term(a_terms, chunks.doc_of[a_ids])
+    delta = gained - lost
+    before = {}
+    for g in range(0, terms.size, 900):
+        part = [int(t) for t in terms[g : g + 900]]
+        before.update(conn.execute(f"SELECT term_id, doc_freq FROM bm25_vocab WHERE term_id IN "
+                                   f"({','.join('?' * len(part))}) AND doc_freq > 0", part))
+    known = np.array([t in before for t in terms.tolist()], dtype=bool)
+    return known & (delta == 0)
+
+
+def _splice_terms(conn, terms, gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, k1, b) -> None:
+    """Rewrite the lists of ``terms`` (whose df is unchanged): the stored ids and weights as
+    bytes, the deleted rows cut out (they lie between the lowest and highest deleted id), the
+    added rows appended with weights from the same statistics."""
+    if not terms.size:
+        return
+    sel = np.flatnonzero(np.isin(a_terms, terms))
+    order = sel[np.argsort(a_terms[sel], kind="stable")]  # row order within each term
+    t_add, i_add = a_terms[order], a_ids[order]
+    dfs = {}
+    for g in range(0, terms.size, 900):
+        part = [int(t) for t in terms[g : g + 900]]
+        dfs.update(conn.execute(f"SELECT term_id, doc_freq FROM bm25_vocab WHERE term_id IN "
+                                f"({','.join('?' * len(part))})", part))
+    df = np.array([dfs[t] for t in terms.tolist()], dtype=np.int64)
+    at = np.searchsorted(terms, t_add)
+    w_add = term_weights(idf_of(n, df)[at], a_freqs[order], chunks.lengths_of(i_add), avgdl, k1, b)
+    ids_add = i_add.astype(np.int32)
+    bounds = np.searchsorted(t_add, terms), np.searchsorted(t_add, terms, side="right")
+    g_lo, g_hi = (int(gone[0]), int(gone[-1])) if gone.size else (0, -1)
+    rows = []
+    for g in range(0, terms.size, 900):
+        part = [int(t) for t in terms[g : g + 900]]
+        for t, ids_blob, w_blob in conn.execute(
+                f"SELECT term_id, chunk_ids, weights FROM bm25_postings WHERE term_id IN "
+                f"({','.join('?' * len(part))})", part):
+            ids = np.frombuffer(ids_blob, dtype=np.int32)
+            k = int(np.searchsorted(terms, t))
+            s0, s1 = int(bounds[0][k]), int(bounds[1][k])
+            if g_hi >= g_lo:
+                lo, hi = int(np.searchsorted(ids, g_lo)), int(np.searchsorted(ids, g_hi, side="right"))
+            else:
+                lo = hi = ids.size
+            if lo < hi:
+                keep = ~np.isin(ids[lo:hi], gone)
+                mid_i = ids[lo:hi][keep].tobytes()
+                mid_w = np.frombuffer(w_blob, dtype=np.float32)[lo:hi][keep].tobytes()
+            else:
+                mid_i = mid_w = b""
+            rows.append((t, ids_blob[: 4 * lo] + mid_i + ids_blob[4 * hi :] + ids_add[s0:s1].tobytes(),
+                         w_blob[: 4 * lo] + mid_w + w_blob[4 * hi :] + w_add[s0:s1].tobytes()))
+        if rows:
+            conn.executemany("INSERT OR REPLACE INTO bm25_postings(term_id, chunk_ids, weights) "
+                             "VALUES (?, ?, ?)", rows)
+            rows = []
+
+
 def _update_terms(conn, terms, gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, k1, b) -> None:
+    """Rewrite the postings of ``terms``: the old lists without the rows ``gone``, plus the added
+    rows. Where a term's df is unchanged its old weights are the stored ones (same statistics,
+    same tf and length); only where it changed are they recomputed, from the tf each weight
+    was made with."""
     marks = ",".join("?" * len(terms))
     params = [int(t) for t in terms]
     old_df = dict(conn.execute(f"SELECT term_id, doc_freq FROM bm25_vocab WHERE term_id IN ({marks})",
@@ -539,25 +670,19 @@ def _update_terms(conn, terms, gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, 
         o_weights.append(np.frombuffer(weights, dtype=np.float32))
     if o_ids:
         o_terms, o_ids, o_weights = (np.concatenate(x) for x in (o_terms, o_ids, o_weights))
-        kept = ~np.isin(o_ids, gone)
-        o_terms, o_ids, o_weights = o_terms[kept], o_ids[kept].astype(np.int64), o_weights[kept]
-        dl = chunks.length_of[o_ids]
-        # IDF per term, then gathered per posting (``terms`` is sorted and holds every o_term).
-        idf_old = idf_of(n, np.array([old_df.get(t, 0) for t in terms.tolist()], dtype=np.int64))
-        o_freqs, exact = _frequencies_from_weights(
-            o_weights, idf_old[np.searchsorted(terms, o_terms)], dl, avgdl, k1, b)
-        if not exact.all():  # read those rows' own frequencies
-            o_freqs[~exact] = _stored_frequencies(conn, o_ids[~exact], o_terms[~exact])
+        if gone.size:
+            kept = ~np.isin(o_ids, gone)
+            o_terms, o_ids, o_weights = o_terms[kept], o_ids[kept], o_weights[kept]
+        o_ids = o_ids.astype(np.int64)
     else:
-        o_terms, o_ids = np.empty(0, np.int32), np.empty(0, np.int64)
-        o_freqs = np.empty(0, np.float64)
+        o_terms, o_ids, o_weights = np.empty(0, np.int32), np.empty(0, np.int64), np.empty(0, np.float32)
     sel = np.isin(a_terms, terms)
+    n_terms, n_ids, n_freqs = a_terms[sel], a_ids[sel], a_freqs[sel]
     # Old rows come first: every row this run added has a higher id than every older row.
-    all_terms = np.concatenate([o_terms, a_terms[sel]])
-    all_ids = np.concatenate([o_ids, a_ids[sel]])
-    all_freqs = np.concatenate([o_freqs, a_freqs[sel]])
+    all_terms = np.concatenate([o_terms, n_terms])
+    all_ids = np.concatenate([o_ids, n_ids])
     order = np.argsort(all_terms, kind="stable")
-    all_terms, all_ids, all_freqs = all_terms[order], all_ids[order], all_freqs[order]
+    all_terms, all_ids = all_terms[order], all_ids[order]
     docs = chunks.doc_of[all_ids]
     if chunks.monotone:
         first = np.ones(all_terms.size, dtype=bool)
@@ -569,15 +694,29 @@ def _update_terms(conn, terms, gone, a_ids, a_terms, a_freqs, chunks, n, avgdl, 
     present, df_present = np.unique(counted, return_counts=True)
     df = np.zeros(terms.size, dtype=np.int64)
     df[np.searchsorted(terms, present)] = df_present
-    weights = term_weights(idf_of(n, df)[np.searchsorted(terms, all_terms)], all_freqs,
-                           chunks.length_of[all_ids], avgdl, k1, b)
+    df_before = np.array([old_df.get(t) or 0 for t in terms.tolist()], dtype=np.int64)
+    idf_new = idf_of(n, df)
+    w_old = o_weights.copy()
+    redo = np.flatnonzero(np.isin(o_terms, terms[df != df_before]))
+    if redo.size:
+        r_terms, r_ids = o_terms[redo], o_ids[redo]
+        dl = chunks.lengths_of(r_ids)
+        at = np.searchsorted(terms, r_terms)
+        tf, exact = _frequencies_from_weights(o_weights[redo], idf_of(n, df_before)[at], dl, avgdl, k1, b)
+        if not exact.all():  # read those rows' own frequencies
+            tf[~exact] = _stored_frequencies(conn, r_ids[~exact], r_terms[~exact])
+        w_old[redo] = term_weights(idf_new[at], tf, dl, avgdl, k1, b)
+    w_new = term_weights(idf_new[np.searchsorted(terms, n_terms)], n_freqs, chunks.lengths_of(n_ids),
+                         avgdl, k1, b)
+    weights = np.concatenate([w_old, w_new])[order]
     _write_rows(conn, all_terms, all_ids.astype(np.int32), weights)
     empty = [int(t) for t, d in zip(terms.tolist(), df.tolist()) if d == 0]
     if empty:
         marks = ",".join("?" * len(empty))
         conn.execute(f"DELETE FROM bm25_postings WHERE term_id IN ({marks})", empty)
         conn.execute(f"DELETE FROM bm25_vocab WHERE term_id IN ({marks})", empty)
-    _set_doc_freqs(conn, present, df_present)
+    changed = df != df_before
+    _set_doc_freqs(conn, terms[changed & (df > 0)], df[changed & (df > 0)])
 
 
 def _stored_frequencies(conn, ids: np.ndarray, terms: np.ndarray) -> np.ndarray:

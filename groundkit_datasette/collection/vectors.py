@@ -245,8 +245,40 @@ class _ByDocument(dict):
         super().__setitem__(document_id, ids)
 
 
+class _LazyByDocument(dict):
+    """``{document_id: its chunk ids}``, read from the table for the documents asked for."""
+
+    def __init__(self, writer: "VectorWriter"):
+        super().__init__()
+        self._writer = writer
+
+    def get(self, document_id, default=None):
+        if not dict.__contains__(self, document_id):
+            writer = self._writer
+            if not writer._all_loaded:
+                writer.load_documents([document_id])
+            elif writer._stored is not None and document_id in writer._stored:
+                dict.__setitem__(self, document_id, set(writer._stored[document_id]))
+        return dict.get(self, document_id, default)
+
+    def __getitem__(self, document_id):
+        found = self.get(document_id)
+        if found is None:
+            raise KeyError(document_id)
+        return found
+
+    def __contains__(self, document_id):
+        return self.get(document_id) is not None
+
+
 class VectorWriter:
-    """Buffers one ingest run's vector changes and applies them at commit."""
+    """Buffers one ingest run's vector changes and applies them at commit.
+
+    The chunk ids already stored are read for the documents a run touches, a filtered scan
+    of the id columns each time (adr/0031-edit-one-file-edit-cost.md); past :data:`LAZY_ID_QUERIES` such reads, or when
+    :meth:`load_all` is called, every id is read at once."""
+
+    LAZY_ID_QUERIES = 16
 
     def __init__(self, lance_dir: Path, dimensions: int, published_version: str | None,
                  ann_threshold: int = ANN_THRESHOLD, trained_rows: int | None = None):
@@ -270,22 +302,67 @@ class VectorWriter:
         self.index_action = "none"
         self.db = lancedb.connect(str(lance_dir))
         self.table = None
-        self.by_document: dict[str, set[str]] = {}
+        # ``ids``: the stored chunk ids read so far, as this run leaves them.
+        self.by_document = _LazyByDocument(self)
         self.ids: set[str] = set()
+        # Rows of the published version at start (0 without a table): the caller compares it
+        # with the collection's chunk count to tell whether every chunk has its vector.
+        self.start_rows = 0
+        self._all_loaded = True
+        self._stored = None
+        self._queries = 0
         if TABLE in self.db.list_tables().tables:
             self.table = self.db.open_table(TABLE)
             if published_version is not None and self.table.version != int(published_version):
                 # A run that died after writing vectors but before publishing: roll back.
                 self.table.restore(int(published_version))
-            # Only the two id columns: reading the vectors would cost the whole table.
-            current = self.table.search().select(["chunk_id", "document_id"]).limit(None).to_arrow()
-            chunk_ids = current.column("chunk_id").to_pylist()
-            self.ids = set(chunk_ids)
-            self.by_document = _ByDocument(chunk_ids, current.column("document_id"))
+            self.start_rows = self.table.count_rows()
+            self._all_loaded = self.start_rows == 0
         self.to_delete: set[str] = set()
         self.to_add: list[tuple[str, str, np.ndarray]] = []
 
-    def existing_ids(self, chunk_ids) -> set[str]:
+    def load_documents(self, document_ids) -> None:
+        """Read the stored chunk ids of these documents (each once, before the run changes it)."""
+        if self._all_loaded:
+            return
+        todo = [d for d in dict.fromkeys(document_ids) if not dict.__contains__(self.by_document, d)]
+        if not todo:
+            return
+        self._queries += 1
+        if self._queries > self.LAZY_ID_QUERIES:
+            self.load_all()
+            return
+        for i in range(0, len(todo), 1000):
+            part = todo[i : i + 1000]
+            quoted = ",".join("'" + d.replace("'", "''") + "'" for d in part)
+            found = (self.table.search().where(f"document_id IN ({quoted})")
+                     .select(["chunk_id", "document_id"]).limit(None).to_arrow())
+            for d in part:
+                dict.__setitem__(self.by_document, d, set())
+            for cid, did in zip(found.column("chunk_id").to_pylist(),
+                                found.column("document_id").to_pylist()):
+                dict.__getitem__(self.by_document, did).add(cid)
+                self.ids.add(cid)
+
+    def load_all(self) -> None:
+        """Read every stored chunk id (the two id columns, not the vectors)."""
+        if self._all_loaded:
+            return
+        # The table may hold this run's flushed adds already, never its deletes (those wait
+        # for commit); documents the run has read or changed keep their entries.
+        current = self.table.search().select(["chunk_id", "document_id"]).limit(None).to_arrow()
+        chunk_ids = current.column("chunk_id").to_pylist()
+        self._stored = _ByDocument(chunk_ids, current.column("document_id"))
+        self.ids = (set(chunk_ids) - self.to_delete) | {cid for cid, _, _ in self.to_add}
+        self._all_loaded = True
+
+    def existing_ids(self, chunk_ids, document_ids=()) -> set[str]:
+        """Which of ``chunk_ids`` (of the documents ``document_ids``) have a vector. Without
+        ``document_ids`` every stored id is read first."""
+        if document_ids:
+            self.load_documents(document_ids)
+        else:
+            self.load_all()
         return {c for c in chunk_ids if c in self.ids}
 
     def replace_document(self, document_id: str, new_rows, keep_ids) -> None:
@@ -301,7 +378,7 @@ class VectorWriter:
             self._run_added.extend(self.to_add[len(self.to_add) - len(new_rows):])
             if len(self._run_added) > _RUN_KEEP_MAX:
                 self._run_added = None
-        self.by_document[document_id] = (old & keep) | {cid for cid, _ in new_rows}
+        dict.__setitem__(self.by_document, document_id, (old & keep) | {cid for cid, _ in new_rows})
         if len(self.to_add) >= ADD_BATCH:
             self._flush_adds()
 
