@@ -1,4 +1,4 @@
-"""How fast a collection file can be copied here (issue 14, adr/0031-edit-one-file-edit-cost.md): shutil.copyfile
+"""How fast a collection file can be copied here (issue 14, adr/0034-one-file-edit-cost.md): shutil.copyfile
 (sendfile), os.copy_file_range, a sendfile loop, each with its fsync and the unlink of the
 copy's last name, and whether the file system clones (FICLONE).
 

@@ -1,4 +1,4 @@
-"""One-file edits in one process, per stage (issue 14, adr/0031-edit-one-file-edit-cost.md): wall and CPU seconds of each
+"""One-file edits in one process, per stage (issue 14, adr/0034-one-file-edit-cost.md): wall and CPU seconds of each
 stage of ``Indexer.ingest`` (``Indexer.timings``), lancedb imported first as in a long-running
 ``groundkit ingest --watch``. The fresh-process comparison with the baseline is benchmarks/ingest.py
 --debian --incremental-from.

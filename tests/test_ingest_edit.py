@@ -1,4 +1,4 @@
-"""A one-file edit costs what changed (issue 14, adr/0031-edit-one-file-edit-cost.md): the run
+"""A one-file edit costs what changed (issue 14, adr/0034-one-file-edit-cost.md): the run
 starts from a spare copy of the published file instead of copying it, reads only the documents
 and vector ids it touches, and keeps the BM25 token total in the manifest. None of that may
 change what is stored, nor what a reader of an older version sees."""

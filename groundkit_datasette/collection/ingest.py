@@ -252,7 +252,7 @@ def _existing_documents(conn, sources, prefixes, gone_files) -> dict:
 
 def _copy_file(src: Path, dst: Path) -> None:
     """Copy ``src`` over the (existing, empty) ``dst`` with ``copy_file_range``: a clone where the
-    file system can share blocks (btrfs, XFS), a copy inside the kernel elsewhere (adr/0031-edit-one-file-edit-cost.md)."""
+    file system can share blocks (btrfs, XFS), a copy inside the kernel elsewhere (adr/0034-one-file-edit-cost.md)."""
     with open(src, "rb") as fi, open(dst, "r+b") as fo:
         size, done = os.fstat(fi.fileno()).st_size, 0
         try:
@@ -455,7 +455,7 @@ class Indexer:
             work = self.index_dir / f".{self.name}.sqlite3.ingest-{os.getpid()}"
             try:
                 # The spare copy becomes the private copy (renamed to a free name: renaming over
-                # a file would make ext4 start writing the whole spare out, adr/0031-edit-one-file-edit-cost.md). Otherwise
+                # a file would make ext4 start writing the whole spare out, adr/0034-one-file-edit-cost.md). Otherwise
                 # the copy is created with its final mode before any corpus text is written.
                 self._took_spare = self.path.exists() and self._take_spare(work)
                 if not self._took_spare:
@@ -880,7 +880,7 @@ class Indexer:
         """
         if self._vectors_complete:
             # Every chunk had its vector at the published version and each chunk this run
-            # wrote got one: nothing to look for (adr/0031-edit-one-file-edit-cost.md).
+            # wrote got one: nothing to look for (adr/0034-one-file-edit-cost.md).
             return False
         missing: dict[str, list[str]] = {}
         vectors.load_all()

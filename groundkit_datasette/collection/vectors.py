@@ -275,7 +275,7 @@ class VectorWriter:
     """Buffers one ingest run's vector changes and applies them at commit.
 
     The chunk ids already stored are read for the documents a run touches, a filtered scan
-    of the id columns each time (adr/0031-edit-one-file-edit-cost.md); past :data:`LAZY_ID_QUERIES` such reads, or when
+    of the id columns each time (adr/0034-one-file-edit-cost.md); past :data:`LAZY_ID_QUERIES` such reads, or when
     :meth:`load_all` is called, every id is read at once."""
 
     LAZY_ID_QUERIES = 16
