@@ -147,22 +147,22 @@ def median_pair(ours_code: str, before_code: str | None, repeats: int):
     return med(ours), med(before)
 
 
-def without_index_file(index: Path, name: str, work: Path) -> tuple[Path, str]:
-    """A copy of the SQLite file whose manifest names no index file (as before it existed),
-    beside a link to the same LanceDB directory."""
+def _manifest_copy(index: Path, name: str, work: Path, folder: str, suffix: str, edit) -> tuple[Path, str]:
+    """A copy of the SQLite file with ``edit(conn)`` applied to it, beside a link to the same
+    LanceDB directory (remade when the source is newer)."""
     import shutil
     import sqlite3
 
-    out_dir = work / "no-index-file"
+    out_dir = work / folder
     out_dir.mkdir(parents=True, exist_ok=True)
-    new = f"{name}-lancedb"
+    new = f"{name}-{suffix}"
     target = out_dir / f"{new}.sqlite3"
     source = index / f"{name}.sqlite3"
     if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
         tmp = out_dir / f".{new}.tmp"
         shutil.copyfile(source, tmp)
         conn = sqlite3.connect(tmp)
-        conn.execute("DELETE FROM groundkit_manifest WHERE key = 'vector_index'")
+        edit(conn)
         conn.commit()
         conn.close()
         tmp.replace(target)
@@ -173,36 +173,25 @@ def without_index_file(index: Path, name: str, work: Path) -> tuple[Path, str]:
     return out_dir, new
 
 
-def real_model_copy(index: Path, name: str, work: Path) -> tuple[Path, str]:
-    """A copy of the collection's SQLite file whose manifest names the default MiniLM, beside
-    a link to the same LanceDB directory: a fresh process then loads the real model."""
-    import shutil
-    import sqlite3
+def without_index_file(index: Path, name: str, work: Path) -> tuple[Path, str]:
+    """The collection as before the index file existed: its manifest names none."""
+    return _manifest_copy(index, name, work, "no-index-file", "lancedb",
+                          lambda conn: conn.execute("DELETE FROM groundkit_manifest WHERE key = 'vector_index'"))
 
+
+def real_model_copy(index: Path, name: str, work: Path) -> tuple[Path, str]:
+    """The collection with a manifest naming the default MiniLM: a fresh process then loads the
+    real model."""
     from groundkit_datasette.embedding.embedders import MiniLMEmbedder
     from groundkit_datasette.plugins import DEFAULT_EMBEDDER
 
-    out_dir = work / "real-model"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    new = f"{name}-minilm"
-    target = out_dir / f"{new}.sqlite3"
-    source = index / f"{name}.sqlite3"
-    if not target.exists() or target.stat().st_mtime < source.stat().st_mtime:
-        tmp = out_dir / f".{new}.tmp"
-        shutil.copyfile(source, tmp)
-        conn = sqlite3.connect(tmp)
+    def edit(conn):
         for key, value in (("embedder", DEFAULT_EMBEDDER), ("embedding_provider", MiniLMEmbedder.provider),
                            ("embedding_model", MiniLMEmbedder.model_name),
                            ("embedding_dimensions", str(MiniLMEmbedder.dimensions))):
             conn.execute("UPDATE groundkit_manifest SET value = ? WHERE key = ?", (value, key))
-        conn.commit()
-        conn.close()
-        tmp.replace(target)
-    link = out_dir / f"{new}.lance"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to((index / f"{name}.lance").resolve(), target_is_directory=True)
-    return out_dir, new
+
+    return _manifest_copy(index, name, work, "real-model", "minilm", edit)
 
 
 def prepare_baselines(index: Path, name: str, work: Path):

@@ -1,42 +1,18 @@
-import hashlib
-
 import numpy as np
 import pytest
 
 from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette.retrieval.collection import Collection
-from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.collection.ingest import ingest
 from groundkit_datasette.collection.vectors import ANN_INDEX
+
+from .embedder_support import ClusteredEmbedder, embedder_plugin
 
 DIMS = 64
 CENTERS = np.random.default_rng(7).normal(size=(40, DIMS)).astype(np.float32)
 
-
-class ClusteredEmbedder:
-    """A real embedder plugin with deterministic clustered vectors: many vectors, no model needed."""
-
-    provider, model_name, dimensions = "test", "clustered-64", DIMS
-
-    def embed(self, texts):
-        out = []
-        for t in texts:
-            seed = int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little")
-            rng = np.random.default_rng(seed)
-            topic = seed % len(CENTERS)
-            v = CENTERS[topic] + 0.7 * rng.normal(size=DIMS).astype(np.float32)
-            out.append(v / np.linalg.norm(v))
-        return np.array(out, dtype=np.float32).reshape(len(texts), DIMS)
-
-    def embed_query(self, text):
-        return self.embed([text])[0]
-
-
-class Plugin:
-    @staticmethod
-    @hookimpl
-    def register_embedders(register):
-        register("clustered", lambda **o: ClusteredEmbedder())
+EMBEDDER = ClusteredEmbedder("clustered-64", CENTERS, 0.7)
+Plugin = embedder_plugin("clustered", EMBEDDER)
 
 
 @pytest.fixture

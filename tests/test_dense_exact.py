@@ -2,7 +2,6 @@
 version (collection/vectors.py VectorSearch): it must answer exactly what LanceDB's flat
 search answers, keep filters as prefilters, and load in the background on the first query."""
 
-import hashlib
 
 import numpy as np
 import pytest
@@ -11,35 +10,14 @@ from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette.collection import vectors
 from groundkit_datasette.collection.ingest import ingest
 from groundkit_datasette.collection.vectors import VectorSearch
-from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.retrieval.collection import Collection
+
+from .embedder_support import ClusteredEmbedder, embedder_plugin
 
 DIMS = 32
 CENTRES = np.random.default_rng(3).normal(size=(8, DIMS)).astype(np.float32)
 
-
-class TopicEmbedder:
-    """Deterministic clustered vectors (no model needed): a real plugin embedder."""
-
-    provider, model_name, dimensions = "test", "topics-32", DIMS
-
-    def embed(self, texts):
-        out = []
-        for t in texts:
-            seed = int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little")
-            v = CENTRES[seed % len(CENTRES)] + 0.8 * np.random.default_rng(seed).normal(size=DIMS)
-            out.append(v / np.linalg.norm(v))
-        return np.asarray(out, dtype=np.float32).reshape(len(texts), DIMS)
-
-    def embed_query(self, text):
-        return self.embed([text])[0]
-
-
-class Plugin:
-    @staticmethod
-    @hookimpl
-    def register_embedders(register):
-        register("topics", lambda **o: TopicEmbedder())
+Plugin = embedder_plugin("topics", ClusteredEmbedder("topics-32", CENTRES, 0.8))
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from groundkit_datasette.collection import vectors as vectors_module
 from groundkit_datasette.collection.ingest import Indexer
 from groundkit_datasette.retrieval.collection import Collection
 
-from tests.test_ann import ClusteredEmbedder, clustered  # noqa: F401  (the fixture)
+from tests.test_ann import EMBEDDER, clustered  # noqa: F401  (the fixture)
 
 
 def _write(corpus, name, records, tag):
@@ -37,7 +37,7 @@ def _found(index_dir, source):
         chunk_id, text = col.query(
             "SELECT c.chunk_id, c.content FROM chunks c JOIN documents d USING (document_id) "
             "WHERE d.source = ? ORDER BY c.chunk_index LIMIT 1 OFFSET 5", (source,))[0]
-        vector = ClusteredEmbedder().embed([text])[0]
+        vector = EMBEDDER.embed([text])[0]
         return col.search(query="x", mode="dense", vector=vector.tolist(), top_k=1).hits[0].chunk_id == chunk_id
 
 

@@ -4,7 +4,6 @@ query process without lancedb. It must answer what exact search over LanceDB's v
 answers, follow every re-ingest (small edits as a delta), never be written by a read, and
 be optional: a collection from before it still answers, and gets one on its next ingest."""
 
-import hashlib
 import os
 import sqlite3
 import subprocess
@@ -17,35 +16,14 @@ from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette.collection import vectors
 from groundkit_datasette.collection.ingest import Indexer, ingest
 from groundkit_datasette.collection.vectors import IndexSearch, VectorSearch
-from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.retrieval.collection import Collection
+
+from .embedder_support import ClusteredEmbedder, embedder_plugin
 
 DIMS = 24
 CENTRES = np.random.default_rng(5).normal(size=(6, DIMS)).astype(np.float32)
 
-
-class TopicEmbedder:
-    """Deterministic clustered vectors from the text (no model needed): a real plugin."""
-
-    provider, model_name, dimensions = "test", "topics-24", DIMS
-
-    def embed(self, texts):
-        out = []
-        for t in texts:
-            seed = int.from_bytes(hashlib.sha256(t.encode()).digest()[:8], "little")
-            v = CENTRES[seed % len(CENTRES)] + 0.7 * np.random.default_rng(seed).normal(size=DIMS)
-            out.append(v / np.linalg.norm(v))
-        return np.asarray(out, dtype=np.float32).reshape(len(texts), DIMS)
-
-    def embed_query(self, text):
-        return self.embed([text])[0]
-
-
-class Plugin:
-    @staticmethod
-    @hookimpl
-    def register_embedders(register):
-        register("topics24", lambda **o: TopicEmbedder())
+Plugin = embedder_plugin("topics24", ClusteredEmbedder("topics-24", CENTRES, 0.7))
 
 
 @pytest.fixture(autouse=True)
@@ -189,9 +167,9 @@ def test_a_read_writes_nothing_and_never_imports_lancedb(tmp_path):
     assert _tree(tmp_path / "i") == before
     code = f"""
 import sys
-sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r})
+sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
 from groundkit_datasette import plugins
-import test_vector_index as t
+from tests import test_vector_index as t
 plugins.pm.register(t.Plugin, name="t")
 from groundkit_datasette.retrieval.collection import Collection
 col = Collection.open("vi", index_dir={str(tmp_path / "i")!r})

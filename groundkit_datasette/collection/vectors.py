@@ -137,19 +137,9 @@ class VectorSearch:
             keep = wanted[self._codes]
             rows = np.flatnonzero(~keep if exclude else keep)
             scores = scores[rows]
-        n = scores.size
-        if not n:
+        if not scores.size:
             return []
-        k = min(depth, n)
-        if k < n:
-            # Every row tied with the k-th too, so that which of equal rows make the cut does not
-            # depend on k: a shallower search is always a prefix of a deeper one (paging).
-            kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
-            top = np.flatnonzero(scores >= kth)
-        else:
-            top = np.arange(n)
-        # Best first; equal scores in table order, so the answer is the same every time.
-        top = top[np.lexsort((top, -scores[top]))][:k]
+        top = _best_first(scores, depth)  # equal scores in table order
         positions = rows[top] if rows is not None else top
         return list(zip(self._ids[positions].tolist(), scores[top].astype(float).tolist()))
 
@@ -806,18 +796,27 @@ class IndexSearch:
         which = np.concatenate([np.full(r.size, i, dtype=np.int64) for i, (_, r, _) in enumerate(found)])
         rows = np.concatenate([r for _, r, _ in found])
         scores = np.concatenate([s for _, _, s in found]).astype(np.float32, copy=False)
-        n = scores.size
-        if not n:
+        if not scores.size:
             return []
-        k = min(depth, n)
-        if k < n:
-            kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
-            top = np.flatnonzero(scores >= kth)
-        else:
-            top = np.arange(n)
-        # Best first; equal scores in table order (base rows, then the delta's).
-        top = top[np.lexsort((rows[top], which[top], -scores[top]))][:k]
+        top = _best_first(scores, depth, rows, which)  # equal scores: base rows, then the delta's
         return [(found[int(which[t])][0].chunk_id(int(rows[t])), float(scores[t])) for t in top.tolist()]
+
+
+def _best_first(scores: np.ndarray, depth: int, *ties: np.ndarray) -> np.ndarray:
+    """Positions of the ``depth`` best scores, best first, equal scores ordered by ``ties``
+    (the last the primary key, as in ``np.lexsort``; by position when none is given).
+
+    Every row tied with the k-th is considered, so which of equal rows make the cut does not
+    depend on the depth: a shallower search is always a prefix of a deeper one (paging)."""
+    n = scores.size
+    k = min(depth, n)
+    if k < n:
+        kth = scores[np.argpartition(-scores, k - 1)[k - 1]]
+        top = np.flatnonzero(scores >= kth)
+    else:
+        top = np.arange(n)
+    keys = tuple(t[top] for t in ties) or (top,)
+    return top[np.lexsort(keys + (-scores[top],))][:k]
 
 
 def _unit(matrix: np.ndarray) -> np.ndarray:

@@ -199,21 +199,20 @@ def built(cls, values: dict):
             raise TypeError(f"{cls.__name__}.{name} is required")
         else:
             data[name] = default
-    instance = _new(cls)
-    _set(instance, "__dict__", data)
-    _set(instance, "__pydantic_fields_set__", set(values))
-    _set(instance, "__pydantic_extra__", None)
-    _set(instance, "__pydantic_private__", None)
-    return instance
+    return _instance(cls, data, set(values))
 
 
 def built_whole(cls, data: dict):
     """:func:`built` for ``data`` that holds every field of ``cls``, in declaration order,
     and nothing else: the dict becomes the instance's own (the caller lets go of it). A
     search builds its hits this way; tests/test_bm25_topk.py checks them against validation."""
+    return _instance(cls, data, set(data))
+
+
+def _instance(cls, data: dict, fields_set: set):
     instance = _new(cls)
     _set(instance, "__dict__", data)
-    _set(instance, "__pydantic_fields_set__", set(data))
+    _set(instance, "__pydantic_fields_set__", fields_set)
     _set(instance, "__pydantic_extra__", None)
     _set(instance, "__pydantic_private__", None)
     return instance
