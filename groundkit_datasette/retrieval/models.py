@@ -152,6 +152,10 @@ class Citation(Response):
     content: str
 
 
+# Citation's fields in declaration order (a hit's first twelve, a hit row's first twelve columns).
+CITATION_FIELDS = tuple(Citation.model_fields)
+
+
 class Hit(Citation):
     rank: int
     score: float
@@ -206,7 +210,20 @@ def built_whole(cls, data: dict):
     """:func:`built` for ``data`` that holds every field of ``cls``, in declaration order,
     and nothing else: the dict becomes the instance's own (the caller lets go of it). A
     search builds its hits this way; tests/test_bm25_topk.py checks them against validation."""
-    return _instance(cls, data, set(data))
+    instance = _new(cls)
+    _set(instance, "__dict__", data)
+    # Every field is set: one set per class, copied by pydantic before any change
+    # (``model_copy``); nothing here or in pydantic mutates it in place.
+    fields_set = _ALL_SET.get(cls)
+    if fields_set is None:
+        fields_set = _ALL_SET[cls] = set(cls.model_fields)
+    _set(instance, "__pydantic_fields_set__", fields_set)
+    _set(instance, "__pydantic_extra__", None)
+    _set(instance, "__pydantic_private__", None)
+    return instance
+
+
+_ALL_SET: dict = {}
 
 
 def _instance(cls, data: dict, fields_set: set):
