@@ -22,6 +22,7 @@ from .modes import fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
 from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (part of the API)
 
 _GLOB_CHARS = set("*?[")
+_BUILTIN_BY_NAME = {m.name: m for m in BUILTIN_MODES}
 
 
 def _filter_sql(request: SearchRequest):
@@ -114,14 +115,17 @@ def hit_rows(collection, key: str, values: list) -> list[tuple]:
     if key != "id":
         return _query_hit_rows(collection, "chunk_id", values)
     cache = _row_cache(collection)
-    found = {i: cache.get(i) for i in values}
+    get = cache.get
+    rows = [get(i) for i in values]  # in the order of ``values``
+    if None not in rows:
+        return rows
+    found = dict(zip(values, rows))
     missing = [i for i, r in found.items() if r is None]
-    if missing:
-        with collection._lock:  # searches may run in several threads
-            for r in _query_hit_rows(collection, "id", missing):
-                found[r[14]] = cache[r[14]] = r
-            while len(cache) > HIT_ROW_CACHE:
-                del cache[next(iter(cache))]  # the oldest first (dicts keep insertion order)
+    with collection._lock:  # searches may run in several threads
+        for r in _query_hit_rows(collection, "id", missing):
+            found[r[14]] = cache[r[14]] = r
+        while len(cache) > HIT_ROW_CACHE:
+            del cache[next(iter(cache))]  # the oldest first (dicts keep insertion order)
     return [r for r in found.values() if r is not None]
 
 
@@ -212,9 +216,9 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     returns, so no mode can hand out a chunk the reader may not see.
     """
     started = time.perf_counter()
-    modes = registered_modes()
     name = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
-    mode = modes[name]
+    # A built-in mode is always registered under its name (no plugin replaces one).
+    mode = _BUILTIN_BY_NAME.get(name) or registered_modes()[name]
     if not mode.needs_vectors and request.vector is not None:  # no mode given, BM25-only collection
         raise DenseUnavailable("the collection was built without embeddings; a query vector "
                                "cannot be used")
