@@ -112,3 +112,35 @@ def test_without_inotify_every_search_stats_and_answers_alike(built, stats, monk
         assert len(stats) == 8
         (corpus / "top.txt").write_text("changed\n")
         assert flags(col)["top.txt"] is True
+
+
+def test_answers_are_kept_only_on_local_file_systems(tmp_path):
+    """A network or FUSE file system changes without any event here: its answers are never
+    kept (every search stats). Read from a mounts table in /proc/self/mounts's format."""
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "overlay / overlay rw 0 0\n"
+        "server:/export /srv/docs nfs4 rw 0 0\n"
+        "sshfs#me@host: /srv/docs/remote fuse.sshfs rw 0 0\n"
+        "/dev/sda1 /srv/docs/local\\040disk ext4 rw 0 0\n")
+    covers = lambda p: citations._inotify_covers(p, str(mounts))  # noqa: E731
+    assert covers("/home/me/corpus") is True
+    assert covers("/srv/docs") is False and covers("/srv/docs/a/b") is False
+    assert covers("/srv/docs/remote/x") is False
+    assert covers("/srv/docs/local disk/x") is True
+    assert covers("/srv/docsextra") is True  # a name sharing the prefix is not under /srv/docs
+    assert citations._inotify_covers("/x", str(tmp_path / "absent")) is False
+
+
+def test_a_write_through_a_hard_link_elsewhere_shows_on_the_next_search(built):
+    """The file itself is watched, not only its directory: a write through another name of
+    the same file, in a directory nothing watches, still raises an event."""
+    corpus, index_dir = built
+    other = corpus / ".store" / "top-again.txt"
+    os.link(corpus / "top.txt", other)
+    with Collection.open("hawks", index_dir=index_dir, base_dir=corpus) as col:
+        assert flags(col) == FRESH
+        assert flags(col) == FRESH
+        with open(other, "a") as f:
+            f.write("Written through the other name.\n")
+        assert flags(col) == dict(FRESH, **{"top.txt": True})

@@ -113,19 +113,20 @@ class StaleCheck:
     """:func:`sources_changed` for one open collection's searches.
 
     An edit shows on the next search, as with one ``stat`` per document per search, but a
-    document's ``stat`` is made again only when something may have changed it: the
-    directories on its path (base directory down to the file's own) are watched with
+    document's ``stat`` is made again only when something may have changed it: the file and
+    the directories on its path (base directory down to the file's own) are watched with
     inotify (:class:`_Watcher`, one per process), and a ``stat`` answer is kept until any
-    watched directory reports an event, or for ``RECHECK_SECONDS`` at most (what inotify
-    cannot see: a network file system changed from another machine, a write through a hard
-    link in an unwatched directory, a link to a file outside the base directory). Where
-    inotify is missing (not Linux, no instance left) every search stats every document.
-    The base directory's real path is resolved at most once per ``BASE_SECONDS`` (a base
+    watch reports an event, or for ``RECHECK_SECONDS`` at most (for what inotify cannot see on
+    a local file system: a write through a memory map, a linked directory's target moved
+    outside the base directory). On a network or FUSE file system (changed from elsewhere
+    without any event here), for a source that is itself a link, and where inotify is
+    missing (not Linux, no instance or watch left), every search stats every document. The
+    base directory's real path is resolved at most once per ``BASE_SECONDS`` (a base
     directory moved or re-linked is seen that much later); each source's path is joined
     once. adr/0036 has the measurements."""
 
     BASE_SECONDS = 1.0
-    RECHECK_SECONDS = 1.0
+    RECHECK_SECONDS = 10.0
     PATHS_KEPT = 16_384
 
     def __init__(self, base_dir: Path | None):
@@ -135,6 +136,7 @@ class StaleCheck:
         self._paths: dict = {}
         # path -> (size, mtime_ns) or None (stat failed), the watcher's epoch, valid until
         self._known: dict = {}
+        self._local = False  # whether the base directory is on a file system inotify covers
 
     def _real_base(self) -> str | None:
         now = time.monotonic()
@@ -149,6 +151,7 @@ class StaleCheck:
         if base != self._base:
             self._paths = {}
             self._known = {}
+            self._local = base is not None and _inotify_covers(base)
         self._base, self._until = base, now + self.BASE_SECONDS
         return base
 
@@ -159,7 +162,7 @@ class StaleCheck:
         base = self._real_base()
         if base is None:
             return [None if size is None or mtime is None else True for _s, size, mtime in records]
-        watcher = _watcher()
+        watcher = _watcher() if self._local else None
         epoch = watcher.poll() if watcher is not None else None  # before any answer is used
         now = time.monotonic()
         paths, known = self._paths, self._known
@@ -202,14 +205,44 @@ class StaleCheck:
 
 
 def _path_entry(base: str, source):
-    """``(path, directories to watch)`` of a source, or ``(None, ())`` when it is not a plain
-    relative path."""
+    """``(path, what to watch)`` of a source: the directories on its path and the file itself
+    (a write through another hard link reaches the file's own watch); ``(None, ())`` when it is
+    not a plain relative path."""
     if not _plain_relative(source):
         return None, ()
     dirs, parts = [base], source.split("/")[:-1]
     for i in range(len(parts)):
         dirs.append(os.path.join(base, *parts[: i + 1]))
-    return os.path.join(base, source), tuple(dirs)
+    path = os.path.join(base, source)
+    return path, tuple(dirs) + (path,)
+
+
+# File systems whose files change without an inotify event here (another machine, a FUSE
+# daemon): answers there are never kept.
+_REMOTE_FS = frozenset({"nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "9p", "afs", "ceph",
+                        "glusterfs", "lustre", "gpfs", "ocfs2", "gfs2", "beegfs", "virtiofs",
+                        "vboxsf", "vmhgfs", "sshfs"})
+
+
+def _inotify_covers(path: str, mounts: str = "/proc/self/mounts") -> bool:
+    """Whether ``path`` lies on a local file system (the longest mount point above it in
+    ``mounts``); False when that cannot be told."""
+    try:
+        with open(mounts, encoding="utf-8", errors="replace") as f:
+            mounts = [line.split() for line in f]
+    except OSError:
+        return False
+    best, fstype = "", None
+    for fields in mounts:
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = path == point or path.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, fields[2]
+    if fstype is None:
+        return False
+    return not (fstype in _REMOTE_FS or fstype.startswith("fuse"))
 
 
 class _Watcher:
@@ -220,7 +253,7 @@ class _Watcher:
 
     # A child's content, metadata, name or existence changed; the directory itself moved.
     _MASK = (0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800)
-    MAX_DIRS = 8192
+    MAX_DIRS = 16_384  # directories and files
 
     def __init__(self, libc, fd: int):
         self._libc, self.fd, self.pid = libc, fd, os.getpid()
