@@ -155,6 +155,30 @@ def library(col, mode: str, queries: list[str], clients: int, total: int, time_l
     return latencies, errors, time.perf_counter() - t0
 
 
+def serialisation(col, mode: str, queries: list[str], passes: int = 5) -> list[list]:
+    """The JSON API's body now (``surfaces/serialize.py``: pydantic's compiled serializer)
+    against what it was (``json.dumps`` of ``model_dump(mode="json")``, Datasette's
+    ``Response.json``), over the same responses; the two parse to the same value."""
+    from groundkit_datasette.surfaces import serialize
+
+    responses = [col.search(query=q, mode=mode) for q in queries]
+    ways = {"serialize.body (model_dump_json)": serialize.body,
+            "json.dumps(model_dump(mode='json')) (before)":
+                lambda r: json.dumps(r.model_dump(mode="json")).encode()}
+    for r in responses[:20]:
+        assert json.loads(serialize.body(r)) == json.loads(ways[list(ways)[1]](r))
+    cpu = {k: [] for k in ways}
+    for n in range(passes):
+        for label in (list(ways) if n % 2 == 0 else list(ways)[::-1]):
+            for r in responses:
+                t = time.process_time()
+                ways[label](r)
+                cpu[label].append((time.process_time() - t) * 1000)
+    p50 = {k: c.percentile(v, 0.5) for k, v in cpu.items()}
+    before = p50[list(ways)[1]]
+    return [[k, v, c.ratio(v, before)] for k, v in p50.items()]
+
+
 def build_default(work: Path) -> tuple[Path, str, list[str]]:
     """A BM25-only nfcorpus_approx collection and its query texts."""
     from groundkit_datasette.retrieval.evaluate import load_dataset, write_sources
@@ -206,6 +230,7 @@ def main(argv=None):
             lib[n] = (c.percentile(lat, 0.5), len(lat) / el)
             rows.append(["library Collection.search", n, c.percentile(lat, 0.5), c.percentile(lat, 0.95),
                          len(lat) / el, err, "1.00", "1.00"])
+        body_rows = serialisation(col, args.mode, queries)
         col.close()
         for label, fn in surfaces(name, args.mode):
             asyncio.run(load(base, fn, queries, 1, 5, 30))  # warm-up
@@ -227,6 +252,9 @@ def main(argv=None):
                 print(f"target {row[0]} overhead p50 (1 client) <= 3 ms: {over:.2f} ms "
                       f"({'met' if over <= 3.0 else 'MISSED'}; {row[2]:.2f} against the library's "
                       f"{lib[1][0]:.2f})")
+    print("\nThe JSON API's body from the same search responses (CPU ms per response, p50, passes "
+          "interleaved in this process):")
+    print(c.table(["body", "ms", "ratio to json.dumps(model_dump)"], body_rows))
     print("Datasette ?_search= is FTS5 with Datasette's default escaping (terms ANDed), no citations or "
           "verification: a floor for an HTTP round trip through Datasette, not the same query.")
 

@@ -183,3 +183,14 @@ def test_a_new_generation_is_read_from_its_own_rows(built):
         new = col.search(query="marker4", mode="bm25").hits[0]
     assert "osprey" in new.content and "osprey" not in old.content
     assert new.matched_terms == ["marker4"] and new.source_changed is False
+
+
+def test_the_modes_trusted_by_name_are_exactly_the_built_in_ones():
+    """The request model and run_search skip the plugin hook for a built-in mode's name:
+    only because no plugin can replace a built-in (modes.registered_modes registers them
+    first). The names they trust must be exactly those."""
+    from groundkit_datasette.retrieval import models, modes
+
+    assert models._BUILTIN_MODE_NAMES == {m.name for m in modes.BUILTIN_MODES}
+    assert gk_search._BUILTIN_BY_NAME == {m.name: m for m in modes.BUILTIN_MODES}
+    assert all(modes.registered_modes()[m.name] is m for m in modes.BUILTIN_MODES)

@@ -15,6 +15,7 @@ CHUNK_ID_PATTERN = r"^c_[0-9a-f]{24}$"
 # Paging: hits ``offset+1 .. offset+top_k`` of one ranking; the window ends by MAX_WINDOW.
 MAX_WINDOW = 500
 MAX_OFFSET = MAX_WINDOW - MAX_TOP_K
+_BUILTIN_MODE_NAMES = frozenset({"bm25", "dense", "hybrid"})  # modes.BUILTIN_MODES
 
 
 
@@ -95,7 +96,8 @@ class SearchRequest(Request):
     @field_validator("mode")
     @classmethod
     def _registered_mode(cls, v):
-        if v is not None:
+        # The built-in modes are always registered (first, and no plugin replaces one).
+        if v is not None and v not in _BUILTIN_MODE_NAMES:
             from .modes import registered_modes
 
             modes = registered_modes()
@@ -152,6 +154,10 @@ class Citation(Response):
     content: str
 
 
+# Citation's fields in declaration order (a hit's first twelve, a hit row's first twelve columns).
+CITATION_FIELDS = tuple(Citation.model_fields)
+
+
 class Hit(Citation):
     rank: int
     score: float
@@ -206,21 +212,38 @@ def built_whole(cls, data: dict):
     """:func:`built` for ``data`` that holds every field of ``cls``, in declaration order,
     and nothing else: the dict becomes the instance's own (the caller lets go of it). A
     search builds its hits this way; tests/test_bm25_topk.py checks them against validation."""
-    return _instance(cls, data, set(data))
+    instance = _new(cls)
+    _set(instance, "__dict__", data)
+    # Every field is set: one set per class, copied by pydantic before any change
+    # (``model_copy``); nothing here or in pydantic mutates it in place.
+    fields_set = _ALL_SET.get(cls)
+    if fields_set is None:
+        fields_set = _ALL_SET[cls] = set(cls.model_fields)
+    _set_fields(instance, fields_set)
+    _set_extra(instance, None)
+    _set_private(instance, None)
+    return instance
+
+
+_ALL_SET: dict = {}
 
 
 def _instance(cls, data: dict, fields_set: set):
     instance = _new(cls)
     _set(instance, "__dict__", data)
-    _set(instance, "__pydantic_fields_set__", fields_set)
-    _set(instance, "__pydantic_extra__", None)
-    _set(instance, "__pydantic_private__", None)
+    _set_fields(instance, fields_set)
+    _set_extra(instance, None)
+    _set_private(instance, None)
     return instance
 
 
 _BUILD_PLANS: dict = {}
 _new = object.__new__
 _set = object.__setattr__  # the models are frozen
+# BaseModel's slots, set through their descriptors (no attribute lookup by name per call).
+_set_fields = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 
 
 def _build_plan(cls):

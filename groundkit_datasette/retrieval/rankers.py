@@ -88,9 +88,12 @@ def bm25_ranked(collection, query, depth, allowed):
     if not rows_ids:
         return []
     if depth <= PREFETCH_DEPTH:
-        rows = _search().hit_rows(collection, "id", rows_ids)
-        by_id = {r[14]: r for r in rows}
-        out = RankedHits((by_id[i][0], s) for i, s in zip(rows_ids, score_list))
+        rows = _search().hit_rows(collection, "id", rows_ids)  # in rank order
+        if len(rows) == len(rows_ids):
+            out = RankedHits(zip([r[0] for r in rows], score_list))
+        else:  # a row missing: fails below, as before, rather than shifting the ranking
+            by_id = {r[14]: r for r in rows}
+            out = RankedHits((by_id[i][0], s) for i, s in zip(rows_ids, score_list))
         out.rows = {r[0]: r for r in rows}
         return out
     marks = ",".join("?" * len(rows_ids))

@@ -12,8 +12,8 @@ import numpy as np
 
 from ..errors import DenseUnavailable, InvalidRequest, RerankNotConfigured, RerankerError
 from .models import (
-    MAX_OFFSET, MAX_TOP_K, ComponentScore, DocumentGroup, Hit, SearchRequest, SearchResponse, built,
-    built_whole,
+    CITATION_FIELDS, MAX_OFFSET, MAX_TOP_K, ComponentScore, DocumentGroup, Hit, SearchRequest,
+    SearchResponse, built, built_whole,
 )
 from . import bm25
 from .citations import StaleCheck
@@ -22,6 +22,7 @@ from .modes import fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
 from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (part of the API)
 
 _GLOB_CHARS = set("*?[")
+_BUILTIN_BY_NAME = {m.name: m for m in BUILTIN_MODES}
 
 
 def _filter_sql(request: SearchRequest):
@@ -114,14 +115,17 @@ def hit_rows(collection, key: str, values: list) -> list[tuple]:
     if key != "id":
         return _query_hit_rows(collection, "chunk_id", values)
     cache = _row_cache(collection)
-    found = {i: cache.get(i) for i in values}
+    get = cache.get
+    rows = [get(i) for i in values]  # in the order of ``values``
+    if None not in rows:
+        return rows
+    found = dict(zip(values, rows))
     missing = [i for i, r in found.items() if r is None]
-    if missing:
-        with collection._lock:  # searches may run in several threads
-            for r in _query_hit_rows(collection, "id", missing):
-                found[r[14]] = cache[r[14]] = r
-            while len(cache) > HIT_ROW_CACHE:
-                del cache[next(iter(cache))]  # the oldest first (dicts keep insertion order)
+    with collection._lock:  # searches may run in several threads
+        for r in _query_hit_rows(collection, "id", missing):
+            found[r[14]] = cache[r[14]] = r
+        while len(cache) > HIT_ROW_CACHE:
+            del cache[next(iter(cache))]  # the oldest first (dicts keep insertion order)
     return [r for r in found.values() if r is not None]
 
 
@@ -149,35 +153,49 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
     by chunk id; only the others are looked up."""
     if not ranked:
         return [], []
-    rows = dict(rows) if rows else {}
+    rows = rows or {}
     missing = [cid for cid, _ in ranked if cid not in rows]
     if missing:
+        rows = dict(rows)
         for r in hit_rows(collection, "chunk_id", missing):
             rows[r[0]] = r
-    changed = _source_changed(collection, [rows[cid] for cid, _ in ranked if cid in rows])
-    hits, row_ids = [], []
-    for rank, (cid, score) in enumerate(ranked, first_rank):
-        r = rows.get(cid)
-        if r is None:  # a vector without its chunk row: never serve a half-consistent hit
-            from ..errors import IndexInconsistent
+    found = [rows.get(cid) for cid, _ in ranked]
+    if None in found:  # a vector without its chunk row: never serve a half-consistent hit
+        from ..errors import IndexInconsistent
 
-            raise IndexInconsistent(
-                "the collection's vectors and chunks disagree; re-run groundkit ingest"
-            )
-        hit = dict(zip(_CITATION_FIELDS, r))  # the row's first twelve columns, by name
+        raise IndexInconsistent(
+            "the collection's vectors and chunks disagree; re-run groundkit ingest"
+        )
+    changed = _source_changed(collection, found)
+    citations = _citation_cache(collection)
+    hits, row_ids = [], []
+    rank = first_rank
+    for (cid, score), r in zip(ranked, found):
+        citation = citations.get(cid)
+        if citation is None:  # the row's first twelve columns, by name, made once
+            citation = dict(zip(CITATION_FIELDS, r))
+            if len(citations) >= HIT_ROW_CACHE:
+                citations.clear()
+            citations[cid] = citation
+        hit = citation.copy()
         hit["rank"] = rank
         hit["score"] = score
-        hit["components"] = components.get(cid, {})
+        hit["components"] = components.get(cid) or {}
         hit["source_changed"] = changed[r[1]]
-        hit["matched_terms"] = []
+        hit["matched_terms"] = []  # set by _add_matches
         hits.append(hit)
         row_ids.append(r[14])
+        rank += 1
     return hits, row_ids
 
 
-# Hit's fields from Citation, in order: the first twelve columns of _HIT_SQL.
-_CITATION_FIELDS = ("chunk_id", "document_id", "source", "title", "start_offset", "end_offset",
-                    "line_start", "line_end", "page_start", "page_end", "heading", "content")
+def _citation_cache(collection) -> dict:
+    """Chunk id -> the hit's citation fields as a dict, per open collection (one published
+    version: a chunk id's row never changes within it); bounded like the hit rows."""
+    cache = collection.__dict__.get("_citation_cache")
+    if cache is None:
+        cache = collection.__dict__["_citation_cache"] = {}
+    return cache
 
 
 def _source_changed(collection, rows) -> dict:
@@ -198,9 +216,9 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     returns, so no mode can hand out a chunk the reader may not see.
     """
     started = time.perf_counter()
-    modes = registered_modes()
     name = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
-    mode = modes[name]
+    # A built-in mode is always registered under its name (no plugin replaces one).
+    mode = _BUILTIN_BY_NAME.get(name) or registered_modes()[name]
     if not mode.needs_vectors and request.vector is not None:  # no mode given, BM25-only collection
         raise DenseUnavailable("the collection was built without embeddings; a query vector "
                                "cannot be used")

@@ -10,7 +10,7 @@ import time
 
 from datasette.utils.asgi import Response
 
-from . import service
+from . import serialize, service
 from .service import (
     MalformedBody, RequestRejected, ToolContext, call_tool, log_call, map_exception,
     registry_for, settings_for,
@@ -27,7 +27,11 @@ HEALTH_ROUTE = "/-/groundkit/health"
 
 
 def _json(body, status=200, request_id=None) -> Response:
-    response = Response.json(body, status=status)
+    """``body``: a JSON-ready value, or the bytes ``serialize.body`` wrote."""
+    if isinstance(body, bytes):
+        response = Response(body, status=status, content_type="application/json; charset=utf-8")
+    else:
+        response = Response.json(body, status=status)
     if request_id:
         response.headers["X-Request-ID"] = request_id
     if status == 503:
@@ -147,7 +151,7 @@ def json_view(tool: Tool):
         response, error = await call_tool(tool, ctx, collection, arguments)
         if error is not None:
             return _json(error.body(ctx.request_id), error.status, ctx.request_id)
-        return _json(response.model_dump(mode="json"), 200, ctx.request_id)
+        return _json(serialize.body(response), 200, ctx.request_id)
 
     view.__name__ = f"groundkit_{tool.name}_json"
     return view

@@ -27,7 +27,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from . import service, strictjson
+from . import serialize, service, strictjson
 from ..collection.names import NAME_PATTERN
 from .service import RequestRejected, ToolContext, map_exception
 from .tools import Tool, all_tools
@@ -185,7 +185,7 @@ async def answer_call(
         response, error = await service.call_tool(tool, tool_ctx, collection, arguments)
         if error is not None:
             return error_result(error, request_id)
-        data = response.model_dump(mode="json")
+        data = serialize.payload(response)  # what the JSON API's body holds
         return types.CallToolResult(
             content=[types.TextContent(text=render_text(tool, data))],
             structured_content=data,
