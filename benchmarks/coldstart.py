@@ -106,6 +106,58 @@ print(json.dumps({{"hits": 1, "import_s": t1 - t0, "open_s": t2 - t1, "query_s":
 """
 
 
+# The query model's load alone, three ways, in fresh processes (adr/0037): ours (weights
+# dequantised in numpy, handed over from memory), onnxruntime folding the shipped file's
+# Cast/Mul at ORT_ENABLE_ALL (the session before adr/0037), and the file at ORT_DISABLE_ALL
+# (nothing folded: every run dequantises every weight).
+_CHILD_SESSION = """
+import json, time
+import numpy as np
+import onnxruntime as ort
+from groundkit_datasette.embedding import embedders, onnx_cpu
+e = embedders.MiniLMEmbedder()
+model, _tok = e._model_files()
+c0, t0 = time.process_time(), time.perf_counter()
+if {variant!r} == "ours":
+    s = onnx_cpu.cpu_session(model, 1)
+else:
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = 1
+    o.inter_op_num_threads = 1
+    o.log_severity_level = 3
+    o.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if {variant!r} == "folding"
+                                  else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    s = ort.InferenceSession(str(model), sess_options=o, providers=["CPUExecutionProvider"])
+c1, t1 = time.process_time(), time.perf_counter()
+ids = np.array([[101] + list(range(2000, 2010)) + [102]])
+feed = {{"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}}
+s.run(None, feed)
+c2, t2 = time.process_time(), time.perf_counter()
+s.run(None, feed)
+c3 = time.process_time()
+print(json.dumps({{"hits": 1, "import_s": 0.0, "open_s": t1 - t0, "query_s": t2 - t1, "session_cpu": c1 - c0,
+                  "first_run_cpu": c2 - c1, "next_run_cpu": c3 - c2}}), flush=True)
+"""
+
+
+def session_variants(repeats: int) -> list[list]:
+    """Model load + first query, ours and the two ways onnxruntime can load the file, interleaved."""
+    variants = ("ours", "folding", "unfolded")
+    codes = {v: _CHILD_SESSION.format(variant=v) for v in variants}
+    for v in variants:
+        spawn(codes[v])  # warm the page cache
+    runs = {v: [] for v in variants}
+    for _ in range(repeats):
+        for v in variants:
+            runs[v].append(spawn(codes[v]))
+    rows = []
+    for v in variants:
+        med = {k: statistics.median(r[k] for r in runs[v]) for k in runs[v][0]}
+        rows.append([v, med["session_cpu"], med["first_run_cpu"], med["next_run_cpu"] * 1000,
+                     med["open_s"] + med["query_s"]])
+    return rows
+
+
 def spawn(code: str) -> dict:
     """Wall time from spawn to the answer line, plus the child's own breakdown."""
     import resource
@@ -235,6 +287,7 @@ def main(argv=None):
           "warm page cache")
     floor = median_runs("print('{\"hits\": 0, \"import_s\": 0, \"open_s\": 0, \"query_s\": 0}')", args.repeats)
     minilm = median_runs(_CHILD_MINILM.format(query=QUERY), args.repeats)
+    sessions = session_variants(max(args.repeats, 3))
     rows = []
     targets = []
     for size in [int(s) for s in args.sizes.split(",") if s]:
@@ -290,6 +343,11 @@ def main(argv=None):
           "before -> the same collection without its index file (the LanceDB path), runs interleaved with ours. "
           "CPU s: the child's user+system time, exit included (steadier than wall when the machine is loaded). "
           "embed/bm25/dense: the first query's own timings. Judged: bm25, and hybrid with the real MiniLM.")
+    print("query model load in a fresh process (median; CPU s of this process, all threads): ours = weights "
+          "dequantised in numpy and handed over from memory (adr/0037); folding = onnxruntime folding the "
+          "shipped file at ORT_ENABLE_ALL (before); unfolded = the file at ORT_DISABLE_ALL")
+    print(c.table(["session", "create CPU s", "first query CPU s", "next query CPU ms", "create + first query wall s"],
+                  sessions))
     print(f"default MiniLM in a fresh process: import {minilm['import_s']:.3f} s, model load {minilm['open_s']:.3f} s, "
           f"first embed_query {minilm['query_s']:.3f} s (wall {minilm['wall_s']:.3f} s): add to dense/hybrid "
           "when the query is text")

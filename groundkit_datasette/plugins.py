@@ -1,26 +1,30 @@
 """The groundkit plugin manager: built-ins plus ``groundkit`` entry points."""
 
+import threading
+
 import pluggy
 
 from . import hookspecs
+from .embedding import DEFAULT_EMBEDDER  # noqa: F401  (the embedder used when none is named)
 
 pm = pluggy.PluginManager("groundkit")
 pm.add_hookspecs(hookspecs)
 pm.load_setuptools_entrypoints("groundkit")
 
-# The embedder used when neither the user nor the collection names one.
-DEFAULT_EMBEDDER = "minilm"
-
 _BUILTINS = ("groundkit_datasette.embedding.embedders", "groundkit_datasette.retrieval.rerankers", "groundkit_datasette.retrieval.modes")
+
+
+_builtins_lock = threading.Lock()  # a query model warming in a thread may get here first
 
 
 def _load_builtins():
     import importlib
 
-    for name in _BUILTINS:
-        mod = importlib.import_module(name)
-        if not pm.is_registered(mod):
-            pm.register(mod, name)
+    with _builtins_lock:
+        for name in _BUILTINS:
+            mod = importlib.import_module(name)
+            if not pm.is_registered(mod):
+                pm.register(mod, name)
 
 
 class LazyFactory:
