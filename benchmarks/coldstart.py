@@ -279,6 +279,12 @@ def main(argv=None):
     ap.add_argument("--skip-baselines", action="store_true",
                     help="no bm25s / numpy baselines (building them for 268k chunks takes minutes); the "
                          "LanceDB path ('before') still runs beside ours")
+    ap.add_argument("--before-tree", metavar="DIR",
+                    help="a checkout of the code to compare with (e.g. a worktree at the commit before "
+                         "adr/0037): the real-MiniLM rows' 'before' is then that code on the same collection, "
+                         "runs interleaved with ours, instead of the LanceDB path")
+    ap.add_argument("--real-only", action="store_true",
+                    help="only the rows judged against the target (bm25 and hybrid with the real MiniLM)")
     args = ap.parse_args(argv)
     from benchmarks import _synthetic as syn
 
@@ -307,20 +313,27 @@ def main(argv=None):
                 "dense": median_runs(_CHILD_NUMPY.format(path=str(npy)), args.repeats),
             }
         real_index, real_name = real_model_copy(index, name, work)
-        # The same collections read the old way (no index file: LanceDB imported and read).
-        old_index, old_name = without_index_file(index, name, work)
-        old_real_index, old_real_name = without_index_file(real_index, real_name, work)
-        runs = [(index, name, mode, True, (old_index, old_name)) for mode in ("bm25", "dense", "hybrid")]
-        runs += [(real_index, real_name, mode, False, (old_real_index, old_real_name)) for mode in ("bm25", "hybrid")]
+        runs = []
+        if not args.real_only:
+            # The same collections read the old way (no index file: LanceDB imported and read).
+            old_index, old_name = without_index_file(index, name, work)
+            runs += [(index, name, mode, True, (old_index, old_name, HERE.parent)) for mode in ("bm25", "dense", "hybrid")]
+        if args.before_tree:
+            before_real = (real_index, real_name, Path(args.before_tree).resolve())
+        else:
+            old_real_index, old_real_name = without_index_file(real_index, real_name, work)
+            before_real = (old_real_index, old_real_name, HERE.parent)
+        runs += [(real_index, real_name, mode, False, before_real) for mode in ("bm25", "hybrid")]
         for run_index, run_name, mode, synthetic, before in runs:
             b = base.get(mode)
             label = f"{name} ({size:,})" + ("" if synthetic else ", real MiniLM")
 
-            def child(where, called):
-                return _CHILD_OURS.format(root=str(HERE.parent), name=called, index=str(where), query=QUERY,
+            def child(where, called, root=HERE.parent):
+                return _CHILD_OURS.format(root=str(root), name=called, index=str(where), query=QUERY,
                                           mode=mode, synthetic=synthetic)
+            compare = mode != "bm25" or (args.before_tree and not synthetic)
             try:
-                pair = median_pair(child(run_index, run_name), child(*before) if mode != "bm25" else None,
+                pair = median_pair(child(run_index, run_name), child(*before) if compare else None,
                                    args.repeats)
                 ours, old = pair
             except RuntimeError as exc:
@@ -338,9 +351,11 @@ def main(argv=None):
     print(f"python start floor (python -c print): {floor['wall_s']:.3f} s")
     print(c.table(["collection (chunks)", "mode", "ours wall s", "ours CPU s", "import s", "open s",
                    "1st query s", "embed s", "bm25 s", "dense s", "lancedb imported", "bm25s/numpy wall s",
-                   "before (LanceDB) wall s", "before CPU s", "wall < 0.5 s"], rows))
+                   "before wall s", "before CPU s", "wall < 0.5 s"], rows))
     print("baselines: bm25 -> bm25s (BM25.load mmap=True + retrieve); dense -> numpy (np.load mmap + matmul); "
-          "before -> the same collection without its index file (the LanceDB path), runs interleaved with ours. "
+          "before -> the same collection without its index file (the LanceDB path), runs interleaved with ours"
+          + (f"; for the real-MiniLM rows, the code in {args.before_tree} on the same collection. " if args.before_tree
+             else ". ") +
           "CPU s: the child's user+system time, exit included (steadier than wall when the machine is loaded). "
           "embed/bm25/dense: the first query's own timings. Judged: bm25, and hybrid with the real MiniLM.")
     print("query model load in a fresh process (median; CPU s of this process, all threads): ours = weights "
