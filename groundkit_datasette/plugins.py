@@ -5,11 +5,13 @@ import threading
 import pluggy
 
 from . import hookspecs
-from .embedding import DEFAULT_EMBEDDER  # noqa: F401  (the embedder used when none is named)
 
 pm = pluggy.PluginManager("groundkit")
 pm.add_hookspecs(hookspecs)
 pm.load_setuptools_entrypoints("groundkit")
+
+# The embedder used when neither the user nor the collection names one.
+DEFAULT_EMBEDDER = "minilm"
 
 _BUILTINS = ("groundkit_datasette.embedding.embedders", "groundkit_datasette.retrieval.rerankers", "groundkit_datasette.retrieval.modes")
 

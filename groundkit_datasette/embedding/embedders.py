@@ -15,13 +15,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import plugins
 from ..errors import EmbedderError
 from ..hookspecs import hookimpl
-from . import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
 from .onnx_cpu import cpu_session, usable_threads as _usable_threads
 
-# ``plugins`` (which scans every installed distribution's entry points) is imported where it
-# is used, so a process can start loading the query model before it (adr/0037).
+from ..plugins import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
 
 
 class Embedder:
@@ -40,15 +39,11 @@ class Embedder:
 
 def get_embedder(name: str = DEFAULT_EMBEDDER, **options: Any) -> Embedder:
     """Build the embedder registered as ``name`` with ``options``."""
-    from .. import plugins
-
     return plugins.build("register_embedders", "embedder", name, options, EmbedderError)
 
 
 @hookimpl
 def register_embedders(register):
-    from .. import plugins
-
     register(DEFAULT_EMBEDDER, MiniLMEmbedder)
     register("openai", plugins.LazyFactory(f"{__package__}.openai_compat", "OpenAICompatibleEmbedder"))
 

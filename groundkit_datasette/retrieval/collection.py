@@ -254,7 +254,7 @@ class Collection:
                 or mode not in (None, "dense", "hybrid") or not isinstance(query, str) or not query.strip()):
             return
         m = self.manifest  # not ``self.embedding``: that imports the models first
-        from ..embedding import DEFAULT_EMBEDDER
+        from ..plugins import DEFAULT_EMBEDDER
 
         if not m.get("embedding_model") or m.get("embedder", DEFAULT_EMBEDDER) != DEFAULT_EMBEDDER:
             return
