@@ -45,6 +45,8 @@ class _Unsupported(ValueError):
 
 
 def _varint(buf, pos: int) -> tuple[int, int]:
+    if pos < len(buf) and buf[pos] < 0x80:  # most keys and lengths are one byte
+        return buf[pos], pos + 1
     result = shift = 0
     while True:
         if pos >= len(buf):
@@ -124,6 +126,7 @@ class _Node:
 
 
 def _node(raw) -> _Node:
+    raw = bytes(raw)  # small; indexing bytes is faster than a memoryview
     inputs, outputs, op, domain, ints = [], [], "", "", {}
     for number, wire, value, _s, _e in _fields(raw):
         if number == _NODE_INPUT:
@@ -143,7 +146,7 @@ def _node(raw) -> _Node:
                     i = v - (1 << 64) if v >= 1 << 63 else v
             if name is not None and i is not None:
                 ints[name] = i
-    return _Node(bytes(raw), inputs, outputs, op, domain, ints)
+    return _Node(raw, inputs, outputs, op, domain, ints)
 
 
 def _make_node(op: str, inputs: list[str], outputs: list[str], **ints: int) -> bytes:
@@ -231,6 +234,7 @@ def _prepare(buf: memoryview) -> Prepared | None:
     graph_fields = _fields(graph_buf)
     nodes: list[_Node] = []
     tensors: dict[str, _Tensor] = {}
+    initializer_names: list[str] = []  # in file order
     boundary: set[str] = set()  # graph inputs and outputs keep their names and values
     for number, wire, value, _s, _e in graph_fields:
         if number == _GRAPH_NODE:
@@ -238,6 +242,7 @@ def _prepare(buf: memoryview) -> Prepared | None:
         elif number == _GRAPH_INITIALIZER:
             t = _tensor(value)
             tensors[t.name] = t
+            initializer_names.append(t.name)
         elif number in (_GRAPH_INPUT, _GRAPH_OUTPUT):
             for n, _w, v, _s2, _e2 in _fields(value):
                 if n == _VALUE_NAME:
@@ -320,7 +325,7 @@ def _prepare(buf: memoryview) -> Prepared | None:
         if t.dtype == _INT8 and t.raw is not None and name not in removed_tensors and len(t.raw) >= _VIEW_BYTES:
             views[name] = _array(t, np.int8)
     parts = []
-    node_index = 0
+    node_index = initializer_index = 0
     for number, wire, value, start, end in graph_fields:
         raw = graph_buf[start:end]
         if number == _GRAPH_NODE:
@@ -331,7 +336,8 @@ def _prepare(buf: memoryview) -> Prepared | None:
             elif i not in drop:
                 parts.append(raw)
         elif number == _GRAPH_INITIALIZER:
-            name = _tensor(value).name
+            name = initializer_names[initializer_index]
+            initializer_index += 1
             if name in views:
                 parts.append(_put(_GRAPH_INITIALIZER, _placeholder(name, views[name])))
             elif name not in removed_tensors:
