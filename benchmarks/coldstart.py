@@ -106,6 +106,58 @@ print(json.dumps({{"hits": 1, "import_s": t1 - t0, "open_s": t2 - t1, "query_s":
 """
 
 
+# The query model's load alone, three ways, in fresh processes (adr/0037): ours (weights
+# dequantised in numpy, handed over from memory), onnxruntime folding the shipped file's
+# Cast/Mul at ORT_ENABLE_ALL (the session before adr/0037), and the file at ORT_DISABLE_ALL
+# (nothing folded: every run dequantises every weight).
+_CHILD_SESSION = """
+import json, time
+import numpy as np
+import onnxruntime as ort
+from groundkit_datasette.embedding import embedders, onnx_cpu
+e = embedders.MiniLMEmbedder()
+model, _tok = e._model_files()
+c0, t0 = time.process_time(), time.perf_counter()
+if {variant!r} == "ours":
+    s = onnx_cpu.cpu_session(model, 1)
+else:
+    o = ort.SessionOptions()
+    o.intra_op_num_threads = 1
+    o.inter_op_num_threads = 1
+    o.log_severity_level = 3
+    o.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if {variant!r} == "folding"
+                                  else ort.GraphOptimizationLevel.ORT_DISABLE_ALL)
+    s = ort.InferenceSession(str(model), sess_options=o, providers=["CPUExecutionProvider"])
+c1, t1 = time.process_time(), time.perf_counter()
+ids = np.array([[101] + list(range(2000, 2010)) + [102]])
+feed = {{"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}}
+s.run(None, feed)
+c2, t2 = time.process_time(), time.perf_counter()
+s.run(None, feed)
+c3 = time.process_time()
+print(json.dumps({{"hits": 1, "import_s": 0.0, "open_s": t1 - t0, "query_s": t2 - t1, "session_cpu": c1 - c0,
+                  "first_run_cpu": c2 - c1, "next_run_cpu": c3 - c2}}), flush=True)
+"""
+
+
+def session_variants(repeats: int) -> list[list]:
+    """Model load + first query, ours and the two ways onnxruntime can load the file, interleaved."""
+    variants = ("ours", "folding", "unfolded")
+    codes = {v: _CHILD_SESSION.format(variant=v) for v in variants}
+    for v in variants:
+        spawn(codes[v])  # warm the page cache
+    runs = {v: [] for v in variants}
+    for _ in range(repeats):
+        for v in variants:
+            runs[v].append(spawn(codes[v]))
+    rows = []
+    for v in variants:
+        med = {k: statistics.median(r[k] for r in runs[v]) for k in runs[v][0]}
+        rows.append([v, med["session_cpu"], med["first_run_cpu"], med["next_run_cpu"] * 1000,
+                     med["open_s"] + med["query_s"]])
+    return rows
+
+
 def spawn(code: str) -> dict:
     """Wall time from spawn to the answer line, plus the child's own breakdown."""
     import resource
@@ -227,6 +279,12 @@ def main(argv=None):
     ap.add_argument("--skip-baselines", action="store_true",
                     help="no bm25s / numpy baselines (building them for 268k chunks takes minutes); the "
                          "LanceDB path ('before') still runs beside ours")
+    ap.add_argument("--before-tree", metavar="DIR",
+                    help="a checkout of the code to compare with (e.g. a worktree at the commit before "
+                         "adr/0037): the real-MiniLM rows' 'before' is then that code on the same collection, "
+                         "runs interleaved with ours, instead of the LanceDB path")
+    ap.add_argument("--real-only", action="store_true",
+                    help="only the rows judged against the target (bm25 and hybrid with the real MiniLM)")
     args = ap.parse_args(argv)
     from benchmarks import _synthetic as syn
 
@@ -235,6 +293,7 @@ def main(argv=None):
           "warm page cache")
     floor = median_runs("print('{\"hits\": 0, \"import_s\": 0, \"open_s\": 0, \"query_s\": 0}')", args.repeats)
     minilm = median_runs(_CHILD_MINILM.format(query=QUERY), args.repeats)
+    sessions = session_variants(max(args.repeats, 3))
     rows = []
     targets = []
     for size in [int(s) for s in args.sizes.split(",") if s]:
@@ -254,20 +313,27 @@ def main(argv=None):
                 "dense": median_runs(_CHILD_NUMPY.format(path=str(npy)), args.repeats),
             }
         real_index, real_name = real_model_copy(index, name, work)
-        # The same collections read the old way (no index file: LanceDB imported and read).
-        old_index, old_name = without_index_file(index, name, work)
-        old_real_index, old_real_name = without_index_file(real_index, real_name, work)
-        runs = [(index, name, mode, True, (old_index, old_name)) for mode in ("bm25", "dense", "hybrid")]
-        runs += [(real_index, real_name, mode, False, (old_real_index, old_real_name)) for mode in ("bm25", "hybrid")]
+        runs = []
+        if not args.real_only:
+            # The same collections read the old way (no index file: LanceDB imported and read).
+            old_index, old_name = without_index_file(index, name, work)
+            runs += [(index, name, mode, True, (old_index, old_name, HERE.parent)) for mode in ("bm25", "dense", "hybrid")]
+        if args.before_tree:
+            before_real = (real_index, real_name, Path(args.before_tree).resolve())
+        else:
+            old_real_index, old_real_name = without_index_file(real_index, real_name, work)
+            before_real = (old_real_index, old_real_name, HERE.parent)
+        runs += [(real_index, real_name, mode, False, before_real) for mode in ("bm25", "hybrid")]
         for run_index, run_name, mode, synthetic, before in runs:
             b = base.get(mode)
             label = f"{name} ({size:,})" + ("" if synthetic else ", real MiniLM")
 
-            def child(where, called):
-                return _CHILD_OURS.format(root=str(HERE.parent), name=called, index=str(where), query=QUERY,
+            def child(where, called, root=HERE.parent):
+                return _CHILD_OURS.format(root=str(root), name=called, index=str(where), query=QUERY,
                                           mode=mode, synthetic=synthetic)
+            compare = mode != "bm25" or (args.before_tree and not synthetic)
             try:
-                pair = median_pair(child(run_index, run_name), child(*before) if mode != "bm25" else None,
+                pair = median_pair(child(run_index, run_name), child(*before) if compare else None,
                                    args.repeats)
                 ours, old = pair
             except RuntimeError as exc:
@@ -285,11 +351,18 @@ def main(argv=None):
     print(f"python start floor (python -c print): {floor['wall_s']:.3f} s")
     print(c.table(["collection (chunks)", "mode", "ours wall s", "ours CPU s", "import s", "open s",
                    "1st query s", "embed s", "bm25 s", "dense s", "lancedb imported", "bm25s/numpy wall s",
-                   "before (LanceDB) wall s", "before CPU s", "wall < 0.5 s"], rows))
+                   "before wall s", "before CPU s", "wall < 0.5 s"], rows))
     print("baselines: bm25 -> bm25s (BM25.load mmap=True + retrieve); dense -> numpy (np.load mmap + matmul); "
-          "before -> the same collection without its index file (the LanceDB path), runs interleaved with ours. "
+          "before -> the same collection without its index file (the LanceDB path), runs interleaved with ours"
+          + (f"; for the real-MiniLM rows, the code in {args.before_tree} on the same collection. " if args.before_tree
+             else ". ") +
           "CPU s: the child's user+system time, exit included (steadier than wall when the machine is loaded). "
           "embed/bm25/dense: the first query's own timings. Judged: bm25, and hybrid with the real MiniLM.")
+    print("query model load in a fresh process (median; CPU s of this process, all threads): ours = weights "
+          "dequantised in numpy and handed over from memory (adr/0037); folding = onnxruntime folding the "
+          "shipped file at ORT_ENABLE_ALL (before); unfolded = the file at ORT_DISABLE_ALL")
+    print(c.table(["session", "create CPU s", "first query CPU s", "next query CPU ms", "create + first query wall s"],
+                  sessions))
     print(f"default MiniLM in a fresh process: import {minilm['import_s']:.3f} s, model load {minilm['open_s']:.3f} s, "
           f"first embed_query {minilm['query_s']:.3f} s (wall {minilm['wall_s']:.3f} s): add to dense/hybrid "
           "when the query is text")

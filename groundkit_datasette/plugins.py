@@ -1,5 +1,7 @@
 """The groundkit plugin manager: built-ins plus ``groundkit`` entry points."""
 
+import threading
+
 import pluggy
 
 from . import hookspecs
@@ -14,13 +16,17 @@ DEFAULT_EMBEDDER = "minilm"
 _BUILTINS = ("groundkit_datasette.embedding.embedders", "groundkit_datasette.retrieval.rerankers", "groundkit_datasette.retrieval.modes")
 
 
+_builtins_lock = threading.Lock()  # a query model warming in a thread may get here first
+
+
 def _load_builtins():
     import importlib
 
-    for name in _BUILTINS:
-        mod = importlib.import_module(name)
-        if not pm.is_registered(mod):
-            pm.register(mod, name)
+    with _builtins_lock:
+        for name in _BUILTINS:
+            mod = importlib.import_module(name)
+            if not pm.is_registered(mod):
+                pm.register(mod, name)
 
 
 class LazyFactory:

@@ -5,11 +5,11 @@ Plugins add more through the ``register_embedders`` hook.
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import os
 import re
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -97,6 +97,8 @@ def _package_file(package: str, relative: str) -> Path | None:
 
 def _requirement(package: str) -> str:
     """The pinned requirement for ``package`` as this distribution declares it."""
+    import importlib.metadata  # an error message's detail: not worth its import on every start
+
     dist = package.replace("_", "-")
     try:
         declared = importlib.metadata.requires("groundkit-datasette") or []
@@ -107,6 +109,46 @@ def _requirement(package: str) -> str:
         if name.lower().replace("_", "-") == dist and ";" not in line:
             return line.strip()
     return dist
+
+
+_warm_lock = threading.Lock()
+_warming: dict[tuple, Future] = {}
+_loaded: set[tuple] = set()  # configurations some embedder in this process has loaded
+
+
+def _take_warmed(key: tuple):
+    """What ``MiniLMEmbedder.warm`` loaded (or is loading) for ``key``, once; None if nothing."""
+    with _warm_lock:
+        pending = _warming.pop(key, None)
+    if pending is None:
+        return None
+    try:
+        return pending.result()
+    except Exception:  # loaded again by the caller, which reports its own error
+        return None
+
+
+def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: int):
+    """(tokenizer, session, input names, output name) for the MiniLM files given."""
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(tokenizer_file)
+    except Exception:
+        raise EmbedderError("the MiniLM tokenizer file could not be read") from None
+    # The shipped tokenizer.json pads every text to 128; we pad per batch.
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length=max_length)
+    try:
+        session = cpu_session(Path(onnx_file), threads)
+    except Exception:
+        raise EmbedderError("the MiniLM ONNX model could not be loaded") from None
+    inputs = tuple(i.name for i in session.get_inputs())
+    if "input_ids" not in inputs or not set(inputs) <= {"input_ids", "attention_mask", "token_type_ids"}:
+        raise EmbedderError("the MiniLM ONNX model has unexpected inputs")
+    names = [o.name for o in session.get_outputs()]
+    output = "last_hidden_state" if "last_hidden_state" in names else names[0]
+    return tokenizer, session, inputs, output
 
 
 class MiniLMEmbedder(Embedder):
@@ -183,6 +225,9 @@ class MiniLMEmbedder(Embedder):
         if self._session is None:
             self._model_files()
 
+    def _session_threads(self) -> int:
+        return 1 if self.parallel == "batches" else self.threads
+
     def load(self) -> None:
         """Load the model now (otherwise the first ``embed`` does); thread-safe."""
         if self._session is not None:
@@ -191,33 +236,43 @@ class MiniLMEmbedder(Embedder):
             if self._session is not None:
                 return
             onnx_file, tokenizer_file = self._model_files()
-            from tokenizers import Tokenizer
-
-            try:
-                tokenizer = Tokenizer.from_file(str(tokenizer_file))
-            except Exception:
-                raise EmbedderError("the MiniLM tokenizer file could not be read") from None
-            # The shipped tokenizer.json pads every text to 128; we pad per batch.
-            tokenizer.no_padding()
-            tokenizer.enable_truncation(max_length=self.max_length)
-
-            try:
-                session = cpu_session(onnx_file, 1 if self.parallel == "batches" else self.threads)
-            except Exception:
-                raise EmbedderError("the MiniLM ONNX model could not be loaded") from None
-            inputs = tuple(i.name for i in session.get_inputs())
-            if "input_ids" not in inputs or not set(inputs) <= {
-                "input_ids",
-                "attention_mask",
-                "token_type_ids",
-            }:
-                raise EmbedderError("the MiniLM ONNX model has unexpected inputs")
-            outputs = session.get_outputs()
-            names = [o.name for o in outputs]
-            self._output = "last_hidden_state" if "last_hidden_state" in names else names[0]
-            self._input_names = inputs
-            self._tokenizer = tokenizer
+            key = (str(onnx_file), str(tokenizer_file), self.max_length, self._session_threads())
+            loaded = _take_warmed(key)
+            if loaded is None:
+                loaded = _load_minilm(*key)
+            with _warm_lock:
+                _loaded.add(key)
+            self._tokenizer, session, self._input_names, self._output = loaded
             self._session = session
+
+    @classmethod
+    def start_warm(cls) -> threading.Thread | None:
+        """Start loading the default configuration's tokenizer and session in a thread, for
+        the next ``MiniLMEmbedder()`` to take (its ``load`` waits for that thread rather than
+        loading again); None when one is loaded or loading already, or the files are missing
+        (``load`` reports that). For a fresh process about to embed its first query, before
+        it imports and validates the rest of the search (adr/0037). The thread is not a
+        daemon: an interpreter exiting mid-load waits rather than tear onnxruntime down."""
+        try:
+            embedder = cls()
+            onnx_file, tokenizer_file = embedder._model_files()
+        except EmbedderError:
+            return None
+        key = (str(onnx_file), str(tokenizer_file), embedder.max_length, embedder._session_threads())
+        with _warm_lock:
+            if key in _warming or key in _loaded:
+                return None
+            pending = _warming[key] = Future()
+
+        def run():
+            try:
+                pending.set_result(_load_minilm(*key))
+            except BaseException as exc:  # noqa: BLE001  (handed to the load that waits for it)
+                pending.set_exception(exc)
+
+        thread = threading.Thread(target=run, name="groundkit-warm-minilm")
+        thread.start()
+        return thread
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         texts = _check_texts(texts)

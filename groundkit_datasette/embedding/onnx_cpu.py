@@ -1,5 +1,6 @@
 """One way to run an ONNX model in process: the embedder and the cross-encoder share it."""
 
+import mmap
 import os
 from pathlib import Path
 
@@ -12,13 +13,21 @@ def usable_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def cpu_session(model_file: Path, threads: int):
+def cpu_session(model_file: Path, threads: int, *, prepack: bool = True):
     """An onnxruntime session on the CPU: sequential, fully optimised, warnings off.
 
     ``threads`` is the intra-op pool; inter-op stays at 1 (the graphs are sequential).
-    Raises whatever onnxruntime raises; callers turn it into their own error.
+    A weight-only int8 export (int8 weights dequantised by ``Cast`` and ``Mul``) is
+    dequantised here in numpy and handed over from memory (``onnx_graph``, adr/0037):
+    the same weights, bit for bit, without onnxruntime's constant folding, which cost
+    most of a fresh process's model load. ``prepack=False`` skips packing the matrix
+    weights at creation (cheaper to create, the same results; each run packs instead):
+    for a process that embeds one query. Raises whatever onnxruntime raises; callers
+    turn it into their own error.
     """
     import onnxruntime as ort  # imported on first load: it is slow and BM25-only runs never need it
+
+    from .onnx_graph import prepare
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -26,4 +35,26 @@ def cpu_session(model_file: Path, threads: int):
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    return ort.InferenceSession(str(model_file), sess_options=options, providers=["CPUExecutionProvider"])
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    providers = ["CPUExecutionProvider"]
+    with open(model_file, "rb") as f:
+        try:
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (ValueError, OSError):  # an empty or unmappable file: let onnxruntime say why
+            mapped = None
+    prepared = prepare(memoryview(mapped)) if mapped is not None else None
+    if prepared is None:
+        if mapped is not None:
+            try:
+                mapped.close()
+            except BufferError:  # a view is still referenced somewhere: the collector closes it
+                pass
+        return ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
+    names = list(prepared.initializers)
+    values = [ort.OrtValue.ortvalue_from_numpy(prepared.initializers[n]) for n in names]
+    options.add_external_initializers(names, values)
+    session = ort.InferenceSession(prepared.model, sess_options=options, providers=providers)
+    # The session reads these buffers (some are views of the mapped file): keep them alive.
+    session._groundkit_buffers = (mapped, prepared.initializers, values)
+    return session

@@ -17,15 +17,8 @@ from pathlib import Path
 from ..collection import schema
 from ..collection.schema import FileIdentity  # noqa: F401  (part of the reading API)
 from ..errors import ChunkNotFound, CollectionNotFound, IndexInconsistent, NotACollection
-from .models import (
-    ChunkCitation,
-    ChunkResponse,
-    CollectionsResponse,
-    EmbeddingManifest,
-    IndexStatus,
-    SearchRequest,
-    SearchResponse,
-)
+# The response models (pydantic) are imported where they are used: a fresh process that
+# searches starts loading its query model before it imports them (adr/0037).
 from ..collection.names import LANCE_SUFFIX, NAME_PATTERN, SQLITE_SUFFIX, sqlite_path, validate_name
 
 
@@ -61,6 +54,7 @@ class Collection:
         self._vector_search = None
         self._index_failed = False
         self._prefetch = None
+        self._warm = None
         self._vector_total = None
         self.postings_cache: dict = {}
         self._tie_ranks = None
@@ -149,6 +143,8 @@ class Collection:
         m = self.manifest
         if not m.get("embedding_model"):
             return None
+        from .models import EmbeddingManifest
+
         return EmbeddingManifest(
             provider=m["embedding_provider"],
             model=m["embedding_model"],
@@ -238,14 +234,39 @@ class Collection:
     # -- operations -----------------------------------------------------------
 
     def search(self, request: SearchRequest | None = None, /, **fields) -> SearchResponse:
+        if request is None:
+            self._warm_query_model(fields.get("mode"), fields.get("query"), fields.get("vector"))
+            from .models import SearchRequest
+
+            request = SearchRequest(**fields)
+        else:
+            self._warm_query_model(request.mode, request.query, request.vector)
         from .search import run_search
 
-        if request is None:
-            request = SearchRequest(**fields)
         return run_search(self, request)
 
+    def _warm_query_model(self, mode, query, vector) -> None:
+        """A text query in a dense mode on a collection embedded with the default MiniLM:
+        load the model in a thread now, while this process imports and validates the rest
+        of the search (adr/0037). Its ``load`` takes the result. Nothing to do when the
+        server configured its own embedder or the model is loaded already."""
+        if (self._warm is not None or self.embedder is not None or vector is not None
+                or mode not in (None, "dense", "hybrid") or not isinstance(query, str) or not query.strip()):
+            return
+        m = self.manifest  # not ``self.embedding``: that imports the models first
+        from ..plugins import DEFAULT_EMBEDDER
+
+        if not m.get("embedding_model") or m.get("embedder", DEFAULT_EMBEDDER) != DEFAULT_EMBEDDER:
+            return
+        from ..embedding.embedders import MiniLMEmbedder
+
+        if (m.get("embedding_provider"), m.get("embedding_model"), m.get("embedding_dimensions")) != (
+                MiniLMEmbedder.provider, MiniLMEmbedder.model_name, str(MiniLMEmbedder.dimensions)):
+            return
+        self._warm = MiniLMEmbedder.start_warm() or False
+
     def fetch_chunk(self, chunk_id: str) -> ChunkResponse:
-        from .models import FetchChunkRequest
+        from .models import ChunkCitation, ChunkResponse, FetchChunkRequest
 
         FetchChunkRequest(chunk_id=chunk_id)
         rows = self.query(
@@ -277,6 +298,8 @@ class Collection:
         )
 
     def status(self, *, embedder_check=None) -> IndexStatus:
+        from .models import IndexStatus
+
         documents = self.query("SELECT count(*) FROM documents")[0][0]
         chunks = self.query("SELECT count(*) FROM chunks")[0][0]
         terms = self.query("SELECT count(*) FROM bm25_vocab")[0][0]
@@ -367,6 +390,8 @@ def _inside(path: Path, directory: Path) -> bool:
 
 def list_collections(index_dir: str | Path) -> CollectionsResponse:
     """Names of the collections in ``index_dir``, checked from their headers without writing."""
+    from .models import CollectionsResponse
+
     root = Path(index_dir)
     names = []
     try:

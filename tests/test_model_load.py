@@ -1,0 +1,206 @@
+"""How the default MiniLM is loaded (adr/0037): int8 weights dequantised in numpy and handed to
+onnxruntime from memory, the same vectors as onnxruntime folding the file itself, and a fresh
+process's first dense query loading the model in a thread before the rest of the search."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.embedding import onnx_graph
+from groundkit_datasette.embedding.embedders import MiniLMEmbedder
+from groundkit_datasette.embedding.onnx_cpu import cpu_session
+
+from .conftest import snapshot, write_corpus
+
+# Real chunk-like texts of several lengths (one longer than 128 word pieces).
+TEXTS = [
+    "Photovoltaic panels turn sunlight into electricity.",
+    "Batteries store surplus energy for the night. Lithium-ion cells dominate home storage.",
+    "Dams hold water & release it through turbines; pumped storage moves water uphill when power is cheap.",
+    "def watts(volts, amps):\n    return volts * amps\n",
+    " ".join(["Offshore wind farms see steadier winds than onshore ones, and maintenance at sea is "
+              "expensive and weather dependent."] * 8),
+    "x",
+]
+
+
+def _folded_session(model_file):
+    """The session as it was built before adr/0037: onnxruntime folds the file's Cast/Mul."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(model_file), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def test_shipped_model_is_rewritten_and_gives_the_vectors_onnxruntime_folding_gives():
+    """Every int8 weight is dequantised before onnxruntime sees the graph (nothing left for its
+    constant folding), and the vectors equal those of the old, folding session."""
+    ours = MiniLMEmbedder(batch_size=4)
+    model_file, _tok = ours._model_files()
+    prepared = onnx_graph.prepare(model_file.read_bytes())
+    assert prepared is not None
+    assert prepared.folded == 36 and prepared.gathered == 2  # 6 layers x 6 matrices; word + position tables
+    assert len(prepared.model) < 1_000_000  # the graph alone: weights come from memory, not the proto
+    graph = onnx.load_from_string(prepared.model).graph
+    int8_in_graph = [t.name for t in graph.initializer
+                     if t.data_type == TensorProto.INT8 and t.data_location != TensorProto.EXTERNAL]
+    assert int8_in_graph == []
+
+    reference = MiniLMEmbedder(batch_size=4)
+    reference.load()
+    reference._session = _folded_session(model_file)  # same tokenizer and pooling, the old session
+    mine, theirs = ours.embed(TEXTS), reference.embed(TEXTS)
+    cosines = np.sum(mine * theirs, axis=1)
+    assert cosines.min() >= 0.99999
+    np.testing.assert_allclose(mine, theirs, atol=1e-6)
+
+
+def _tiny_int8_model(path, with_pattern=True):
+    """A small graph in the export's shape: an int8 embedding table (per-row scales) gathered by
+    the input ids, then an int8 matrix (per-column scales) multiplied in."""
+    rng = np.random.default_rng(7)
+    table_q = rng.integers(-127, 128, size=(50, 8), dtype=np.int8)
+    table_s = rng.random((50, 1), dtype=np.float32) / 100
+    matrix_q = rng.integers(-127, 128, size=(8, 4), dtype=np.int8)
+    matrix_s = rng.random((1, 4), dtype=np.float32) / 100
+    inits = [numpy_helper.from_array(table_q, "table_q"), numpy_helper.from_array(table_s, "table_s"),
+             numpy_helper.from_array(matrix_q, "matrix_q"), numpy_helper.from_array(matrix_s, "matrix_s")]
+    if with_pattern:
+        nodes = [helper.make_node("Cast", ["table_q"], ["table_f"], to=TensorProto.FLOAT),
+                 helper.make_node("Mul", ["table_f", "table_s"], ["table"]),
+                 helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+                 helper.make_node("Cast", ["matrix_q"], ["matrix_f"], to=TensorProto.FLOAT),
+                 helper.make_node("Mul", ["matrix_f", "matrix_s"], ["matrix"]),
+                 helper.make_node("MatMul", ["rows", "matrix"], ["out"])]
+    else:  # the same arithmetic with DequantizeLinear-free float weights: nothing to rewrite
+        inits = [numpy_helper.from_array(table_q.astype(np.float32) * table_s, "table"),
+                 numpy_helper.from_array(matrix_q.astype(np.float32) * matrix_s, "matrix")]
+        nodes = [helper.make_node("Gather", ["table", "ids"], ["rows"], axis=0),
+                 helper.make_node("MatMul", ["rows", "matrix"], ["out"])]
+    graph = helper.make_graph(
+        nodes, "tiny", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "s"])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "s", 4])], initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 9
+    onnx.save(model, path)
+    return path
+
+
+def test_rewrite_is_bit_identical_on_a_small_graph(tmp_path):
+    """Gathering int8 rows before dequantising them, and dequantising matrices in numpy, give
+    exactly the numbers onnxruntime's own Cast and Mul give."""
+    path = _tiny_int8_model(tmp_path / "tiny.onnx")
+    prepared = onnx_graph.prepare(path.read_bytes())
+    assert prepared is not None and prepared.folded == 1 and prepared.gathered == 1
+    ids = np.array([[0, 3, 49, 3], [7, 7, 1, 0]], dtype=np.int64)
+    ours = cpu_session(path, 1).run(None, {"ids": ids})[0]
+    theirs = _folded_session(path).run(None, {"ids": ids})[0]
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_graphs_without_the_pattern_and_garbage_are_loaded_unchanged(tmp_path):
+    """The rewrite touches only int8 Cast/Mul weights; anything else (or a file this reader cannot
+    parse) is left for onnxruntime to load as it is."""
+    plain = _tiny_int8_model(tmp_path / "plain.onnx", with_pattern=False)
+    assert onnx_graph.prepare(plain.read_bytes()) is None
+    ids = np.array([[1, 2]], dtype=np.int64)
+    assert cpu_session(plain, 1).run(None, {"ids": ids})[0].shape == (1, 2, 4)
+    assert onnx_graph.prepare(b"") is None
+    assert onnx_graph.prepare(b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff") is None
+    whole = _tiny_int8_model(tmp_path / "tiny.onnx").read_bytes()
+    assert onnx_graph.prepare(whole[: len(whole) // 2]) is None  # truncated
+
+
+@pytest.fixture(scope="module")
+def minilm_index(tmp_path_factory):
+    """A real collection embedded with the default MiniLM (read-only for the tests)."""
+    root = tmp_path_factory.mktemp("warm")
+    corpus = write_corpus(root / "corpus")
+    ingest([corpus], collection="energy", index_dir=root / "index")
+    return root / "index"
+
+
+_CHILD = """
+import json, sys, threading
+from groundkit_datasette.retrieval.collection import Collection
+col = Collection.open("energy", index_dir=sys.argv[1])
+mode = sys.argv[2]
+seen = {}
+real_start = threading.Thread.start
+def start(self):
+    if self.name == "groundkit-warm-minilm":
+        seen["models imported when the load started"] = "groundkit_datasette.retrieval.models" in sys.modules
+    real_start(self)
+threading.Thread.start = start
+if mode == "vector":
+    response = col.search(query="night storage", vector=[0.05] * 384, mode="dense", top_k=3)
+else:
+    response = col.search(query="How do batteries store energy at night?", mode=mode, top_k=3)
+seen["onnxruntime"] = "onnxruntime" in sys.modules
+seen["hits"] = [[h.chunk_id, round(h.score, 6)] for h in response.hits]
+print(json.dumps(seen))
+"""
+
+
+def _fresh_search(index_dir, mode):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", _CHILD, str(index_dir), mode], capture_output=True,
+                         text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout)
+
+
+def test_first_hybrid_search_loads_the_model_before_the_rest_of_the_search(minilm_index):
+    """A fresh process starts the model load before importing the response models, and its
+    answer is the one the same search gives once everything is loaded."""
+    before = snapshot(minilm_index)
+    fresh = _fresh_search(minilm_index, "hybrid")
+    assert fresh["models imported when the load started"] is False
+    from groundkit_datasette.retrieval.collection import Collection
+
+    with Collection.open("energy", index_dir=minilm_index) as col:
+        col.search(query="warm up", mode="hybrid", top_k=1)
+        again = col.search(query="How do batteries store energy at night?", mode="hybrid", top_k=3)
+    assert fresh["hits"] == [[h.chunk_id, round(h.score, 6)] for h in again.hits]
+    assert snapshot(minilm_index) == before  # nothing written by a read, model included
+
+
+def test_bm25_and_vector_searches_never_load_the_model(minilm_index):
+    """Only a text query in a dense mode loads the query model."""
+    for mode in ("bm25", "vector"):
+        seen = _fresh_search(minilm_index, mode)
+        assert "models imported when the load started" not in seen
+        assert seen["onnxruntime"] is False
+        assert seen["hits"]
+
+
+def test_load_takes_the_warmed_session_once():
+    """The embedder built after a warm-up uses the session the warm-up loaded, instead of
+    loading a second one; a later embedder loads its own."""
+    from groundkit_datasette.embedding import embedders
+
+    embedders._loaded.clear()
+    thread = MiniLMEmbedder.start_warm()
+    assert thread is not None
+    assert MiniLMEmbedder.start_warm() is None  # one warm-up per configuration
+    thread.join()
+    key = next(iter(embedders._warming))
+    warmed = embedders._warming[key].result()[1]
+    first = MiniLMEmbedder()
+    first.load()
+    assert first._session is warmed
+    second = MiniLMEmbedder()
+    second.load()
+    assert second._session is not warmed
+    assert MiniLMEmbedder.start_warm() is None  # loaded in this process: nothing to warm
+    np.testing.assert_array_equal(first.embed(TEXTS), second.embed(TEXTS))
