@@ -759,9 +759,19 @@ class _Part:
         self.graph_rows, self.graph_off = f.arrays.get("graph_rows"), f.arrays.get("graph_off")
         self.rows = int(self.norms.shape[0])
         self._doc_code = None
+        self._id_view = None
 
     def chunk_id(self, row: int) -> str:
         return self.id_blob[self.id_off[row] : self.id_off[row + 1] - 1].tobytes().decode("utf-8")
+
+    def chunk_ids_at(self, rows) -> list[str]:
+        """The chunk ids of ``rows`` (one slice of the mapped bytes each, no numpy scalar)."""
+        if self._id_view is None:
+            self._id_view = memoryview(self.id_blob)
+        rows = np.asarray(rows, dtype=np.int64)
+        view = self._id_view
+        return [str(view[a : b - 1], "utf-8")
+                for a, b in zip(self.id_off[rows].tolist(), self.id_off[rows + 1].tolist())]
 
     def chunk_ids(self) -> list[str]:
         return _unblob(self.id_blob)
@@ -947,7 +957,13 @@ class IndexSearch:
         if not scores.size:
             return []
         top = _best_first(scores, depth, rows, which)  # equal scores: base rows, then the delta's
-        return [(found[int(which[t])][0].chunk_id(int(rows[t])), float(scores[t])) for t in top.tolist()]
+        ids = [None] * top.size
+        for i, (part, _, _) in enumerate(found):
+            at = np.flatnonzero(which[top] == i)
+            if at.size:
+                for j, cid in zip(at.tolist(), part.chunk_ids_at(rows[top[at]])):
+                    ids[j] = cid
+        return list(zip(ids, scores[top].astype(float).tolist()))
 
 
 def _best_first(scores: np.ndarray, depth: int, *ties: np.ndarray) -> np.ndarray:
