@@ -574,7 +574,7 @@ KMEANS_ITERATIONS = 8
 GRAPH_DTYPE = "i8"
 GRAPH_CONNECTIVITY = 16
 GRAPH_EXPANSION_ADD = 128
-GRAPH_EXPANSION_SEARCH = 128
+GRAPH_EXPANSION_SEARCH = 256
 GRAPH_SHORTLIST = 100
 # A delta holds at most this many rows (added plus deleted) or this share of the base, as
 # LanceDB's unindexed tail does (adr/0030); past that the base file is written again (its
@@ -673,26 +673,29 @@ def _duplicate_groups(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return rows, offsets
 
 
-def build_graph(matrix: np.ndarray, unit: np.ndarray, dtype: str | None = None) -> dict | None:
-    """The arrays of an HNSW graph over the rows of ``matrix`` (``unit``: the same rows at unit
-    length): one node per distinct vector (``graph_rows``/``graph_off`` give each node's rows;
+def build_graph(matrix: np.ndarray, norms: np.ndarray, dtype: str | None = None) -> dict | None:
+    """The arrays of an HNSW graph over the rows of ``matrix`` (``norms``: their lengths), at
+    unit length: one node per distinct vector (``graph_rows``/``graph_off`` give each node's rows;
     boilerplate chunks repeat, and a graph of many equal vectors loses its way), serialised
     for the index file; None without usearch."""
     compiled = _usearch()
-    if compiled is None or not unit.shape[0]:
+    if compiled is None or not matrix.shape[0]:
         return None
     dtype = dtype or GRAPH_DTYPE
     rows, offsets = _duplicate_groups(matrix)
     nodes = offsets.size - 1
-    index = compiled.Index(ndim=int(unit.shape[1]), dtype=_graph_kind(compiled, dtype),
+    first = rows[offsets[:-1]]
+    unit = matrix[first] / np.maximum(norms[first], 1e-12)[:, None]
+    index = compiled.Index(ndim=int(matrix.shape[1]), dtype=_graph_kind(compiled, dtype),
                            connectivity=GRAPH_CONNECTIVITY, expansion_add=GRAPH_EXPANSION_ADD,
                            metric_kind=compiled.MetricKind.Cos)
-    index.add_many(np.arange(nodes, dtype=np.uint64),
-                   np.ascontiguousarray(unit[rows[offsets[:-1]]], dtype=np.float32), threads=0)
+    index.add_many(np.arange(nodes, dtype=np.uint64), np.ascontiguousarray(unit, dtype=np.float32),
+                   threads=0)
+    del unit
     blob = np.frombuffer(bytes(index.save_index_to_buffer()), dtype=np.uint8)
     return {"graph": blob, "graph_rows": rows, "graph_off": offsets,
             "meta": {"engine": "usearch", "dtype": dtype, "connectivity": GRAPH_CONNECTIVITY,
-                     "dims": int(unit.shape[1]), "nodes": int(nodes)}}
+                     "dims": int(matrix.shape[1]), "nodes": int(nodes)}}
 
 
 class _Graph:
@@ -1025,6 +1028,7 @@ def write_base_index(path: Path, version: int, ids, docs, matrix: np.ndarray, *,
     n = matrix.shape[0]
     ids = np.asarray(ids, dtype=object)
     norms = np.linalg.norm(matrix, axis=1).astype(np.float32)
+    ordered = None
     header = {"kind": "base", "lance_version": int(version), "rows": n,
               "dims": int(matrix.shape[1]) if matrix.ndim == 2 else 0}
     arrays = {}
@@ -1038,8 +1042,8 @@ def write_base_index(path: Path, version: int, ids, docs, matrix: np.ndarray, *,
         arrays["centroids"] = centroids
         arrays["offsets"] = offsets
         header["trained_rows"] = int(trained_rows or n)
-        graph = build_graph(matrix[order], (matrix / np.maximum(norms, 1e-12)[:, None])[order]) \
-            if graph_index else None
+        ordered = matrix[order]
+        graph = build_graph(ordered, norms[order]) if graph_index else None
         if graph is not None:
             header["graph"] = graph.pop("meta")
             arrays.update(graph)
@@ -1049,7 +1053,7 @@ def write_base_index(path: Path, version: int, ids, docs, matrix: np.ndarray, *,
         np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64))
     id_blob, id_off = _blob(ids[order].tolist())
     doc_blob, _ = _blob(names.tolist())
-    arrays.update(vectors=matrix[order], norms=norms[order],
+    arrays.update(vectors=matrix[order] if ordered is None else ordered, norms=norms[order],
                   docs=codes.reshape(-1)[order].astype(np.int32), id_blob=id_blob, id_off=id_off,
                   doc_blob=doc_blob)
     _write_file(path, header, arrays)
