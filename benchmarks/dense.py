@@ -7,9 +7,11 @@ of the public search call (``vector=`` given), of the raw LanceDB ranking, and
 of exact numpy search (matrix-vector product + argpartition) over the same
 vectors; recall@10 of ours against exact; whether an ANN index was used.
 
-Ours is the product path (collection/vectors.py ``VectorSearch``: exact numpy
-search up to EXACT_MAX_ROWS vectors, LanceDB's ANN index above); "ANN forced"
-is the LanceDB path at any size, so the threshold can be judged. Hybrid p50 is
+Ours is the product path: the collection's index file (collection/vectors.py
+``IndexSearch``: flat up to 50k vectors, above it the HNSW graph with an exact
+re-rank of its shortlist, adr/0033), or without the file LanceDB (``VectorSearch``).
+"ANN forced" is LanceDB's IVF_HNSW_SQ at any size; the notes add the inverted
+file alone (the path before the graph), the ranker at depth 100 and BM25 alone. Hybrid p50 is
 the public call with a text query for BM25 and the vector given.
 
 Recall on REAL embeddings (``--real``): a collection embedded with the default
@@ -169,7 +171,8 @@ def query_texts(col, n: int) -> list[str]:
 
 
 def run_real_vectors(vectors_path: str, queries_path: str, ids_path: str, sqlite_path: str, size: int,
-                     repeats: int, work: Path, others: bool, nq: int = 200, probes=(8, 16, 24, 32, 48, 64)) -> None:
+                     repeats: int, work: Path, others: bool, nq: int = 200, probes=(8, 16, 24, 32, 48, 64),
+                     widths=()) -> None:
     """Real MiniLM vectors given as raw float32 files (``/var/tmp/gk-vec/embed_real.py``): the index
     file (ours) against exact numpy search over the same vectors (the baseline and the truth), in
     the same run, passes interleaved; recall@10 and p50 per probe count; optionally faiss IVF-flat
@@ -219,8 +222,11 @@ def run_real_vectors(vectors_path: str, queries_path: str, ids_path: str, sqlite
           f"{size_mb:.0f} MB built in {build[0]:.1f} s wall / {build[1]:.1f} s CPU")
     rows = []
     default = v.IndexSearch(folder, name, 1, graph=False).nprobe
-    settings = [("graph", None)] + [("ivf", p) for p in sorted(set(probes) | {default})]
+    chosen = v.GRAPH_EXPANSION_SEARCH
+    settings = ([("graph", w) for w in sorted(set(widths) | {chosen})]
+                + [("ivf", p) for p in sorted(set(probes) | {default})])
     for kind, nprobe in settings:
+        v.GRAPH_EXPANSION_SEARCH = nprobe if kind == "graph" else chosen  # the graph's search width
         search = v.IndexSearch(folder, name, 1, nprobe=nprobe) if kind == "ivf" else v.IndexSearch(folder, name, 1)
         search.load()
         if kind == "graph" and search.graph is None:
@@ -233,14 +239,15 @@ def run_real_vectors(vectors_path: str, queries_path: str, ids_path: str, sqlite
         stats = _interleaved(fns, list(queries), repeats)
         ours, deep, base = stats["ours"], stats["ours depth 100"], stats["numpy exact"]
         met = ours[0] <= 10 and recall >= 0.95
-        label = (f"HNSW graph ({search.base.graph_meta['dtype']}, shortlist {v.GRAPH_SHORTLIST}, ef "
-                 f"{v.GRAPH_EXPANSION_SEARCH}) + exact re-rank (default)" if kind == "graph"
+        label = (f"HNSW graph ({search.base.graph_meta['dtype']}, shortlist {v.GRAPH_SHORTLIST}, width "
+                 f"{nprobe}) + exact re-rank{' (default)' if nprobe == chosen else ''}" if kind == "graph"
                  else f"IVF-flat nprobe {nprobe}{' (default without the graph)' if nprobe == default else ''}")
         rows.append([label, search.base.centroids.shape[0]
                      if search.ivf else 1, ours[0], ours[1], deep[0], base[0], c.ratio(ours[0], base[0]), recall,
                      id_recall, "met" if met else "MISSED"])
     print(c.table(["ours (index file)", "lists", "ours p50", "ours p95", "ours p50 depth 100", "numpy exact p50",
                    "ours/numpy", "recall@10 (ties count)", "recall@10 by id", "p50<=10ms & recall>=0.95"], rows))
+    v.GRAPH_EXPANSION_SEARCH = chosen
     if others:
         _other_engines(unit, queries, tie_recall, folder, repeats)
 
@@ -288,7 +295,7 @@ def _other_engines(unit, queries, tie_recall, folder: Path, repeats: int) -> Non
             mapped.nprobe = nprobe
             f = lambda q: mapped.search(q[None, :], 10)  # noqa: E731
             recall = float(np.mean([tie_recall(i, [int(j) for j in f(q)[1][0]]) for i, q in enumerate(queries)]))
-            p = c.latency_stats(c.timed_passes(f, list(queries), repeats))
+            p = _interleaved({"f": f}, list(queries), repeats)["f"]  # the same clock as ours
             rows.append([f"faiss IVF-flat mmap, nprobe {nprobe} of {nlist}", f"{build:.1f}", p[0], recall])
     except ImportError:
         rows.append(["faiss (not installed)", "-", None, None])
@@ -305,11 +312,11 @@ def _other_engines(unit, queries, tie_recall, folder: Path, repeats: int) -> Non
             view.expansion_search = ef
             f = lambda q: view.search(q, 10)  # noqa: E731
             recall = float(np.mean([tie_recall(i, [int(j) for j in f(q).keys]) for i, q in enumerate(queries)]))
-            p = c.latency_stats(c.timed_passes(f, list(queries), repeats))
+            p = _interleaved({"f": f}, list(queries), repeats)["f"]  # the same clock as ours
             rows.append([f"usearch HNSW view=True, ef {ef}", f"{build:.1f}", p[0], recall])
     except ImportError:
         rows.append(["usearch (not installed)", "-", None, None])
-    print(c.table(["alternative (same vectors, 1 thread)", "build s", "p50 ms", "recall@10 (ties count)"], rows))
+    print(c.table(["alternative (same vectors, 1 thread)", "build s", "p50 ms (the same clock as ours)", "recall@10 (ties count)"], rows))
 
 
 def main(argv=None):
@@ -330,6 +337,8 @@ def main(argv=None):
     ap.add_argument("--others", action="store_true", help="also faiss and usearch on the real vectors")
     ap.add_argument("--probes", default="8,16,24,32,48,64",
                     help="inverted-file probe counts measured beside the graph on the real vectors")
+    ap.add_argument("--widths", default="128",
+                    help="graph search widths measured beside the default on the real vectors")
     ap.add_argument("--cpu-clock", action="store_true",
                     help="timings in process CPU time (set OPENBLAS_NUM_THREADS=1): for a loaded machine")
     args = ap.parse_args(argv)
@@ -341,7 +350,8 @@ def main(argv=None):
         print(f"# Dense benchmark on real vectors ({c.machine()}, {time.strftime('%Y-%m-%d')})")
         run_real_vectors(args.real_vectors, args.real_queries, args.real_ids, args.real_sqlite, args.real_size,
                          args.repeats, work, args.others, args.queries,
-                         probes=tuple(int(p) for p in args.probes.split(",") if p))
+                         probes=tuple(int(p) for p in args.probes.split(",") if p),
+                         widths=tuple(int(w) for w in args.widths.split(",") if w))
         if not args.sizes and not args.collection and not args.real:
             return
     print(f"# Dense benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')}); {args.queries} queries, "
