@@ -871,16 +871,22 @@ class IndexSearch:
         if graph is None:
             return None
         part = self.base
-        rows = graph.shortlist(q / qnorm, max(depth, GRAPH_SHORTLIST))
-        keep = None
-        if self.deleted is not None:
-            keep = ~self.deleted[rows]
-        if documents is not None and documents:  # a deny-list (allow-lists never come here)
-            hidden = np.isin(rows, part.rows_of(documents))
-            keep = ~hidden if keep is None else keep & ~hidden
-        if keep is not None:
-            rows = rows[keep]
-        if rows.size < min(depth, part.rows) and keep is not None:
+        hidden_rows = part.rows_of(documents) if documents is not None and documents else None
+        count = max(depth, GRAPH_SHORTLIST)
+        for _attempt in range(2):  # a wider walk once when the filter leaves too few rows
+            rows = graph.shortlist(q / qnorm, count)
+            keep = None
+            if self.deleted is not None:
+                keep = ~self.deleted[rows]
+            if hidden_rows is not None:  # a deny-list (allow-lists never come here)
+                hidden = np.isin(rows, hidden_rows)
+                keep = ~hidden if keep is None else keep & ~hidden
+            if keep is not None:
+                rows = rows[keep]
+            if keep is None or rows.size >= min(depth, part.rows):
+                break
+            count *= 4
+        else:
             return None
         rows = np.sort(rows)  # memory order; ties are broken by row number anyway
         out = [(part, rows, _score(part.vectors[rows], part.norms[rows], q, qnorm))]
