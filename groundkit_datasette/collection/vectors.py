@@ -564,6 +564,18 @@ NPROBE = 32
 PROBE_FRACTION = 0.10
 KMEANS_SAMPLE_PER_LIST = 32
 KMEANS_ITERATIONS = 8
+# Above IVF_MIN_ROWS the base file also holds a proximity graph (HNSW, usearch) over the unit
+# vectors quantised to GRAPH_DTYPE: a query walks it to a shortlist of GRAPH_SHORTLIST rows
+# (or the depth asked for, when deeper) and ranks that shortlist by its exact float32 cosine
+# scores. The shortlist does not depend on the depth up to GRAPH_SHORTLIST, so a shallower
+# search stays a prefix of a deeper one (paging), and hybrid's 100 candidates cost what the
+# top 10 cost (adr/0033, "Graph index"). Files without the graph (older ones, or written where
+# usearch is missing) are probed as an inverted file, as before.
+GRAPH_DTYPE = "i8"
+GRAPH_CONNECTIVITY = 16
+GRAPH_EXPANSION_ADD = 128
+GRAPH_EXPANSION_SEARCH = 256
+GRAPH_SHORTLIST = 100
 # A delta holds at most this many rows (added plus deleted) or this share of the base, as
 # LanceDB's unindexed tail does (adr/0030); past that the base file is written again (its
 # lists kept, vectors reassigned) and, past INDEX_RETRAIN_GROWTH x the rows the lists were
@@ -631,6 +643,87 @@ def _write_file(path: Path, header: dict, arrays: dict, mode: int | None = None)
     os.replace(tmp, path)
 
 
+def _usearch():
+    """usearch's compiled module, or None where it is not installed (the inverted file answers)."""
+    try:
+        from usearch import compiled
+    except ImportError:
+        return None
+    return compiled
+
+
+def _graph_kind(compiled, dtype: str):
+    return {"f32": compiled.ScalarKind.F32, "f16": compiled.ScalarKind.F16,
+            "i8": compiled.ScalarKind.I8}[dtype]
+
+
+def _duplicate_groups(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows grouped by equal vectors: ``(rows, offsets)``, group ``g`` being
+    ``rows[offsets[g]:offsets[g + 1]]`` (ascending), groups in order of their first row."""
+    n = matrix.shape[0]
+    raw = np.ascontiguousarray(matrix, dtype=np.float32).view(np.dtype((np.void, 4 * matrix.shape[1])))
+    _, first, inverse = np.unique(raw.reshape(-1), return_index=True, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    rank = np.empty(first.size, dtype=np.int64)
+    rank[np.argsort(first, kind="stable")] = np.arange(first.size)
+    group = rank[inverse]
+    rows = np.argsort(group, kind="stable").astype(np.int64)
+    offsets = np.searchsorted(group[rows], np.arange(first.size + 1)).astype(np.int64)
+    assert offsets[-1] == n
+    return rows, offsets
+
+
+def build_graph(matrix: np.ndarray, norms: np.ndarray, dtype: str | None = None) -> dict | None:
+    """The arrays of an HNSW graph over the rows of ``matrix`` (``norms``: their lengths), at
+    unit length: one node per distinct vector (``graph_rows``/``graph_off`` give each node's rows;
+    boilerplate chunks repeat, and a graph of many equal vectors loses its way), serialised
+    for the index file; None without usearch."""
+    compiled = _usearch()
+    if compiled is None or not matrix.shape[0]:
+        return None
+    dtype = dtype or GRAPH_DTYPE
+    rows, offsets = _duplicate_groups(matrix)
+    nodes = offsets.size - 1
+    first = rows[offsets[:-1]]
+    unit = matrix[first] / np.maximum(norms[first], 1e-12)[:, None]
+    index = compiled.Index(ndim=int(matrix.shape[1]), dtype=_graph_kind(compiled, dtype),
+                           connectivity=GRAPH_CONNECTIVITY, expansion_add=GRAPH_EXPANSION_ADD,
+                           metric_kind=compiled.MetricKind.Cos)
+    index.add_many(np.arange(nodes, dtype=np.uint64), np.ascontiguousarray(unit, dtype=np.float32),
+                   threads=0)
+    del unit
+    blob = np.frombuffer(bytes(index.save_index_to_buffer()), dtype=np.uint8)
+    return {"graph": blob, "graph_rows": rows, "graph_off": offsets,
+            "meta": {"engine": "usearch", "dtype": dtype, "connectivity": GRAPH_CONNECTIVITY,
+                     "dims": int(matrix.shape[1]), "nodes": int(nodes)}}
+
+
+class _Graph:
+    """A file's HNSW graph, viewed in place in the file's mapping (usearch ``view``: nothing
+    copied, pages read as the walk touches them)."""
+
+    def __init__(self, compiled, blob: np.ndarray, meta: dict, rows: np.ndarray, offsets: np.ndarray):
+        self.rows, self.offsets = rows, offsets
+        self.index = compiled.Index(ndim=int(meta["dims"]), dtype=_graph_kind(compiled, meta["dtype"]),
+                                    connectivity=int(meta["connectivity"]),
+                                    metric_kind=compiled.MetricKind.Cos)
+        self.index.view_index_from_buffer(blob)
+        self.index.expansion_search = GRAPH_EXPANSION_SEARCH
+        self._lock = threading.Lock()
+
+    def shortlist(self, q: np.ndarray, count: int) -> np.ndarray:
+        """Row numbers of about ``count`` near neighbours of ``q``, nearest first."""
+        q = np.ascontiguousarray(q, dtype=np.float32).reshape(1, -1)
+        with self._lock:  # the search width is the index's state: one walk at a time
+            self.index.expansion_search = max(GRAPH_EXPANSION_SEARCH, count)
+            keys, _dist, counts = self.index.search_many(q, count, threads=1)[:3]
+        nodes = keys[0][: int(counts[0])].astype(np.int64)
+        starts, ends = self.offsets[nodes], self.offsets[nodes + 1]
+        if int((ends - starts).max(initial=1)) == 1:
+            return self.rows[starts]
+        return np.concatenate([self.rows[a:b] for a, b in zip(starts.tolist(), ends.tolist())])
+
+
 class IndexFile:
     """One ``.gkv`` file opened read-only by ``mmap``; arrays are views into the mapping."""
 
@@ -664,11 +757,24 @@ class _Part:
         self.doc_blob = f["doc_blob"]
         self.offsets = f.arrays.get("offsets")
         self.centroids = f.arrays.get("centroids")
+        self.graph_blob = f.arrays.get("graph")
+        self.graph_meta = f.header.get("graph")
+        self.graph_rows, self.graph_off = f.arrays.get("graph_rows"), f.arrays.get("graph_off")
         self.rows = int(self.norms.shape[0])
         self._doc_code = None
+        self._id_view = None
 
     def chunk_id(self, row: int) -> str:
         return self.id_blob[self.id_off[row] : self.id_off[row + 1] - 1].tobytes().decode("utf-8")
+
+    def chunk_ids_at(self, rows) -> list[str]:
+        """The chunk ids of ``rows`` (one slice of the mapped bytes each, no numpy scalar)."""
+        if self._id_view is None:
+            self._id_view = memoryview(self.id_blob)
+        rows = np.asarray(rows, dtype=np.int64)
+        view = self._id_view
+        return [str(view[a : b - 1], "utf-8")
+                for a, b in zip(self.id_off[rows].tolist(), self.id_off[rows + 1].tolist())]
 
     def chunk_ids(self) -> list[str]:
         return _unblob(self.id_blob)
@@ -702,7 +808,11 @@ class IndexSearch:
 
     exact = True  # for callers that ask which path answered (benchmarks)
 
-    def __init__(self, lance_dir: Path, name: str, version: int, nprobe: int | None = None):
+    def __init__(self, lance_dir: Path, name: str, version: int, nprobe: int | None = None,
+                 graph: bool | None = None):
+        """``nprobe``: probe that many lists of the inverted file (and not the graph, unless
+        ``graph`` is True); ``graph``: whether to walk the file's graph when it has one
+        (default: when no ``nprobe`` is given)."""
         f = IndexFile(Path(lance_dir) / _checked_name(name))
         if int(f.header.get("lance_version", -1)) != int(version):
             raise ValueError("index file does not match the table version")
@@ -727,16 +837,69 @@ class IndexSearch:
         self.rows = self.base.rows + (self.delta.rows if self.delta else 0)
         if self.deleted is not None:
             self.rows -= int(self.deleted.sum())
+        want_graph = nprobe is None if graph is None else graph
+        self.graph = None  # opened on first use (``load``): usearch imported only then
+        self._use_graph = bool(want_graph and self.base.graph_blob is not None
+                               and self.base.graph_rows is not None and self.base.graph_off is not None
+                               and (self.base.graph_meta or {}).get("engine") == "usearch")
+        self._graph_lock = threading.Lock()
 
     def load(self) -> None:
-        """Nothing to read up front: pages come in as queries touch them."""
+        """Nothing to read up front (pages come in as queries touch them) but the graph's
+        view, when the file has one."""
+        self._open_graph()
 
-    def _candidates(self, q, qnorm, depth, documents, exclude):
-        """``(part, rows, scores)`` triples to rank."""
+    def _open_graph(self):
+        if self._use_graph and self.graph is None:
+            with self._graph_lock:
+                if self.graph is None and self._use_graph:
+                    compiled = _usearch()
+                    try:
+                        self.graph = _Graph(compiled, self.base.graph_blob, self.base.graph_meta,
+                                            self.base.graph_rows, self.base.graph_off) \
+                            if compiled is not None else None
+                    except (RuntimeError, ValueError, KeyError, TypeError):
+                        self.graph = None
+                    if self.graph is None:
+                        self._use_graph = False  # no usearch here: the inverted file answers
+        return self.graph
+
+    def _graph_candidates(self, q, qnorm, depth, documents, exclude):
+        """The graph's shortlist, filtered, with exact scores; None when too few rows are
+        left after the filter (the inverted file, or an exact scan, answers then)."""
+        graph = self._open_graph()
+        if graph is None:
+            return None
+        part = self.base
+        hidden_rows = part.rows_of(documents) if documents is not None and documents else None
+        count = max(depth, GRAPH_SHORTLIST)
+        for _attempt in range(2):  # a wider walk once when the filter leaves too few rows
+            rows = graph.shortlist(q / qnorm, count)
+            keep = None
+            if self.deleted is not None:
+                keep = ~self.deleted[rows]
+            if hidden_rows is not None:  # a deny-list (allow-lists never come here)
+                hidden = np.isin(rows, hidden_rows)
+                keep = ~hidden if keep is None else keep & ~hidden
+            if keep is not None:
+                rows = rows[keep]
+            if keep is None or rows.size >= min(depth, part.rows):
+                break
+            count *= 4
+        else:
+            return None
+        rows = np.sort(rows)  # memory order; ties are broken by row number anyway
+        out = [(part, rows, _score(part.vectors[rows], part.norms[rows], q, qnorm))]
+        if self.delta is not None and self.delta.rows:
+            out += self._candidates(q, qnorm, depth, documents, exclude, base=False)
+        return out
+
+    def _candidates(self, q, qnorm, depth, documents, exclude, base=True):
+        """``(part, rows, scores)`` triples to rank (``base``: False for the delta's alone)."""
         out = []
         parts = [(self.base, self.deleted)] + ([(self.delta, None)] if self.delta else [])
         for i, (part, deleted) in enumerate(parts):
-            if not part.rows:
+            if not part.rows or (i == 0 and not base):
                 continue
             if documents is not None and not exclude:
                 rows = part.rows_of(documents)
@@ -784,8 +947,12 @@ class IndexSearch:
             return []
         q = np.asarray(vector, dtype=np.float32)
         qnorm = max(float(np.linalg.norm(q)), 1e-12)
-        found = self._candidates(q, qnorm, depth, documents, exclude)
-        if self.ivf and documents is not None and exclude and sum(r.size for _, r, _ in found) < depth:
+        found = None
+        if self._use_graph and (documents is None or exclude):
+            found = self._graph_candidates(q, qnorm, depth, documents, exclude)
+        if found is None:
+            found = self._candidates(q, qnorm, depth, documents, exclude)
+        if self.ivf and found is not None and documents is not None and exclude and sum(r.size for _, r, _ in found) < depth:
             saved, self.ivf = self.ivf, False  # too few left after the deny-list: scan exactly
             try:
                 found = self._candidates(q, qnorm, depth, documents, exclude)
@@ -799,7 +966,13 @@ class IndexSearch:
         if not scores.size:
             return []
         top = _best_first(scores, depth, rows, which)  # equal scores: base rows, then the delta's
-        return [(found[int(which[t])][0].chunk_id(int(rows[t])), float(scores[t])) for t in top.tolist()]
+        ids = [None] * top.size
+        for i, (part, _, _) in enumerate(found):
+            at = np.flatnonzero(which[top] == i)
+            if at.size:
+                for j, cid in zip(at.tolist(), part.chunk_ids_at(rows[top[at]])):
+                    ids[j] = cid
+        return list(zip(ids, scores[top].astype(float).tolist()))
 
 
 def _best_first(scores: np.ndarray, depth: int, *ties: np.ndarray) -> np.ndarray:
@@ -852,12 +1025,16 @@ def train_lists(matrix: np.ndarray, nlist: int, seed: int = 0) -> np.ndarray:
 
 
 def write_base_index(path: Path, version: int, ids, docs, matrix: np.ndarray, *,
-                     centroids: np.ndarray | None = None, trained_rows: int | None = None) -> dict:
-    """Write the whole index file for ``version`` from every row; returns its header."""
+                     centroids: np.ndarray | None = None, trained_rows: int | None = None,
+                     graph_index: bool = True) -> dict:
+    """Write the whole index file for ``version`` from every row; returns its header.
+    Above IVF_MIN_ROWS: the inverted file's lists and (``graph_index``, usearch installed)
+    the HNSW graph over the same rows."""
     matrix = np.ascontiguousarray(matrix, dtype=np.float32)
     n = matrix.shape[0]
     ids = np.asarray(ids, dtype=object)
     norms = np.linalg.norm(matrix, axis=1).astype(np.float32)
+    ordered = None
     header = {"kind": "base", "lance_version": int(version), "rows": n,
               "dims": int(matrix.shape[1]) if matrix.ndim == 2 else 0}
     arrays = {}
@@ -871,13 +1048,18 @@ def write_base_index(path: Path, version: int, ids, docs, matrix: np.ndarray, *,
         arrays["centroids"] = centroids
         arrays["offsets"] = offsets
         header["trained_rows"] = int(trained_rows or n)
+        ordered = matrix[order]
+        graph = build_graph(ordered, norms[order]) if graph_index else None
+        if graph is not None:
+            header["graph"] = graph.pop("meta")
+            arrays.update(graph)
     else:
         order = np.arange(n)
     names, codes = np.unique(np.asarray(docs, dtype=object), return_inverse=True) if n else (
         np.zeros(0, dtype=object), np.zeros(0, dtype=np.int64))
     id_blob, id_off = _blob(ids[order].tolist())
     doc_blob, _ = _blob(names.tolist())
-    arrays.update(vectors=matrix[order], norms=norms[order],
+    arrays.update(vectors=matrix[order] if ordered is None else ordered, norms=norms[order],
                   docs=codes.reshape(-1)[order].astype(np.int32), id_blob=id_blob, id_off=id_off,
                   doc_blob=doc_blob)
     _write_file(path, header, arrays)
