@@ -14,7 +14,7 @@ import pytest
 from datasette.app import Datasette
 
 from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection.chunking import chunk_text, contextual_heading
+from groundkit_datasette.collection.chunking import chunk_text
 from groundkit_datasette.collection.ingest import Indexer, ingest
 from groundkit_datasette.errors import EmbedderError, EmbedderMismatch
 from groundkit_datasette.hookspecs import hookimpl
@@ -150,6 +150,8 @@ Wall units hold ten kilowatt hours.
 
 def test_markdown_whose_h1_is_the_title_chunks_as_before():
     """No duplicate: the eval corpora ("# title" first) keep their chunks and figures."""
+    from groundkit_datasette.collection.chunking import contextual_heading
+
     plain = chunk_text(MARKDOWN, source_class="markdown", chunk_size=120, chunk_overlap=0)
     titled = chunk_text(MARKDOWN, source_class="markdown", chunk_size=120, chunk_overlap=0,
                         title="Solar power")
