@@ -702,11 +702,18 @@ class Indexer:
         from ..embedding.embedders import get_embedder  # not for BM25-only runs: it loads onnxruntime
 
         recorded = manifest.get(MAX_LENGTH_KEY) if bound == name else None
-        if recorded and "max_length" not in self.embedder_options:
-            # Embed at the length the collection's vectors were embedded at (cluster workers
-            # build their embedder from these options too).
-            self.embedder_options["max_length"] = int(recorded)
-        embedder = get_embedder(name, **self.embedder_options)
+        options = dict(self.embedder_options)
+        if recorded and "max_length" not in options:
+            # Embed at the length the collection's vectors were embedded at.
+            options["max_length"] = int(recorded)
+        try:
+            embedder = get_embedder(name, **options)
+        except EmbedderError:
+            if options == self.embedder_options:
+                raise
+            options = dict(self.embedder_options)  # a factory without the option: checked below
+            embedder = get_embedder(name, **options)
+        self.embedder_options = options  # cluster workers build their embedder from these
         backfill = False
         if bound and bound != "none":
             want = (manifest.get("embedding_provider"), manifest.get("embedding_model"),

@@ -33,7 +33,12 @@ def query_embedder(collection, *, probe: bool = True):
                 from ..embedding.embedders import get_embedder
 
                 try:
-                    embedder = get_embedder(name, **({"max_length": length} if length else {}))
+                    try:
+                        embedder = get_embedder(name, **({"max_length": length} if length else {}))
+                    except EmbedderError:
+                        if not length:
+                            raise
+                        embedder = get_embedder(name)  # no such option: the check below decides
                 except EmbedderError:
                     raise DenseUnavailable(
                         f"this server has no embedder '{name}' for the collection's queries; "
