@@ -9,6 +9,15 @@ as issue 15 measured it. Both are scored with the same nDCG@10 (trec_eval's ndcg
 
     python benchmarks/quality.py                      # all five collections
     python benchmarks/quality.py --corpora cisi,cacm --check   # exit 1 when ours is below
+
+--header measures the contextual header (adr/0035-header-contextual-title.md) where it is
+needed: each corpus written as HTML pages (the title in ``<title>`` only, the text in one
+``<p>``, no headings), ingested without the header (``Indexer(title_header=False)``, the
+chunks of before) and with it, scored the way ``groundkit eval`` scores, side by side; then
+BM25-only ingest of the same HTML files, fresh builds, the two variants interleaved (CPU time):
+
+    python benchmarks/quality.py --header                         # BM25, all five
+    python benchmarks/quality.py --header --modes bm25,dense,hybrid --corpora cisi,cranfield,cacm
 """
 
 from __future__ import annotations
@@ -61,6 +70,64 @@ def bm25s_ndcg(dataset) -> tuple[float, float]:
     return sum(scores) / len(scores), index_s
 
 
+def header_comparison(names, dirs, index_dir: str, modes: list[str], repeats: int, log) -> dict:
+    """nDCG@10 per mode without and with the title header, and BM25-only ingest rates."""
+    import shutil
+    import statistics
+
+    from groundkit_datasette.collection.ingest import Indexer
+    from groundkit_datasette.retrieval.evaluate import default_collection_name, evaluate, load_dataset
+
+    embedder = "none" if modes == ["bm25"] else None
+    variants = (("without", False), ("with", True))
+    figures = {}
+    for name, directory in zip(names, dirs):
+        row = {}
+        for label, on in variants:
+            report = evaluate(directory, index_dir=Path(index_dir) / f"html-{label}", modes=modes,
+                              embedder=embedder, source_format="html",
+                              indexer_options={"title_header": on}, log=log)
+            row[label] = {"chunks": report.chunks, "batch": report.batch,
+                          **{r.mode: r.ndcg_at_10 for r in report.results}}
+        # Ingest cost: fresh BM25-only builds of the same HTML files, interleaved.
+        collection = default_collection_name(load_dataset(directory))
+        sources = Path(index_dir) / "html-with" / f"{collection}-sources"
+        rates = {label: [] for label, _ in variants}
+        for i in range(repeats):
+            for label, on in (variants if i % 2 == 0 else variants[::-1]):
+                target = Path(tempfile.mkdtemp(prefix="gk-header-", dir=index_dir))
+                try:
+                    cpu = time.process_time()
+                    report = Indexer(collection, index_dir=target, base_dir=sources, embedder="none",
+                                     title_header=on, spare_copy=False).ingest([sources])
+                    cpu = time.process_time() - cpu
+                    rates[label].append((report.chunks_written / cpu, report.chunks_per_second))
+                finally:
+                    shutil.rmtree(target, ignore_errors=True)
+        for label, _ in variants:
+            row[label]["ingest_chunks_per_cpu_s"] = round(statistics.median(r[0] for r in rates[label]), 1)
+            row[label]["ingest_chunks_per_wall_s"] = round(statistics.median(r[1] for r in rates[label]), 1)
+        figures[name] = row
+    return figures
+
+
+def print_header_comparison(figures: dict, modes: list[str]) -> None:
+    headers = ["collection", "chunks"]
+    for mode in modes:
+        headers += [f"{mode} without", f"{mode} with", "delta"]
+    headers += ["ingest chunks/CPU s without", "with", "ratio"]
+    rows = []
+    for name, f in figures.items():
+        w, o = f["with"], f["without"]
+        row = [name, f"{o['chunks']}/{w['chunks']}"]
+        for mode in modes:
+            row += [f"{o[mode]:.4f}", f"{w[mode]:.4f}", f"{w[mode] - o[mode]:+.4f}"]
+        ratio = w["ingest_chunks_per_cpu_s"] / o["ingest_chunks_per_cpu_s"]
+        row += [f"{o['ingest_chunks_per_cpu_s']:,.0f}", f"{w['ingest_chunks_per_cpu_s']:,.0f}", f"{ratio:.3f}"]
+        rows.append(row)
+    print(c.table(headers, rows))
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpora", default=",".join(COLLECTIONS), help="irdata collections (comma-separated)")
@@ -68,7 +135,27 @@ def main(argv=None):
                     help="where the collections are built, and reused by the next run")
     ap.add_argument("--json", dest="json_out", help="also write the figures to this JSON file")
     ap.add_argument("--check", action="store_true", help="exit 1 if ours is below bm25s anywhere")
+    ap.add_argument("--header", action="store_true",
+                    help="compare the corpora as HTML pages without and with the contextual title header")
+    ap.add_argument("--modes", default="bm25", help="with --header: modes to score (bm25,dense,hybrid)")
+    ap.add_argument("--repeats", type=int, default=3, help="with --header: fresh ingests per variant")
     args = ap.parse_args(argv)
+
+    if args.header:
+        from groundkit_datasette.retrieval.evaluate import MODES
+
+        modes = [m for m in args.modes.split(",") if m]
+        if not modes or any(m not in MODES for m in modes):
+            sys.exit(f"--modes: use some of {', '.join(MODES)}")
+        names = [n for n in args.corpora.split(",") if n]
+        print(f"# quality --header: {c.machine()}; index dir {args.index_dir}")
+        figures = header_comparison(names, [c.irdata(n) for n in names], args.index_dir, modes,
+                                    args.repeats, lambda m: print(f"  {m}", file=sys.stderr))
+        print_header_comparison(figures, modes)
+        print(f"# after: {c.machine()}")
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps({"modes": modes, "collections": figures}, indent=2))
+        return
 
     from groundkit_datasette.retrieval import bm25
     from groundkit_datasette.retrieval.evaluate import evaluate_many, load_dataset

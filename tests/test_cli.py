@@ -91,7 +91,7 @@ def test_ingest_defaults_to_1000_character_chunks_with_100_overlap(corpus, index
     result = run("ingest", corpus, "-c", "energy", "--index-dir", index_dir, "--embedder", "none")
     assert result.exit_code == 0, result.output
     chunker = json.loads(manifest(index_dir / "energy.sqlite3")["chunker"])
-    assert chunker == {"chunk_size": 1000, "chunk_overlap": 100}
+    assert chunker == {"chunk_size": 1000, "chunk_overlap": 100, "header": "title > headings"}
 
 
 def test_ingest_summary_names_skipped_files_and_ends_with_the_serve_command(corpus, index_dir):

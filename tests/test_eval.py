@@ -237,7 +237,7 @@ def test_eval_takes_several_data_sets_in_one_command_and_records_settings(tmp_pa
     for _dataset, settings, _batch in rows:
         recorded = json.loads(settings)
         assert recorded["bm25"] == bm25.settings()
-        assert recorded["chunker"] == {"chunk_size": 1000, "chunk_overlap": 100}
+        assert recorded["chunker"] == {"chunk_size": 1000, "chunk_overlap": 100, "header": "title > headings"}
         assert recorded["embedder"] == "none" and recorded["depth"] == 100
         assert recorded["fusion"] == {"method": "rrf", "k": 60, "depth": 100}
     # The JSON form holds every report.

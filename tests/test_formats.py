@@ -141,7 +141,7 @@ CASES = [
     ("deck.pptx", make_pptx, "gearbox vibration nacelle", "Slide 3 > Turbines", "Gearbox vibration"),
     ("sales.xlsx", make_xlsx, "archipelago", 'Sheet "Q3"', "Archipelago | 1234.5 | 2024-09-30\n"),
     ("notes.odt", make_odt, "moraine glacier", "Field notes > Glaciers", "Moraine deposits"),
-    ("book.epub", make_epub, "albatross sightings", "Landfall", "Albatross sightings"),
+    ("book.epub", make_epub, "albatross sightings", "A small book > Landfall", "Albatross sightings"),  # the book title heads the path (adr/0035)
 ]
 
 

@@ -19,11 +19,17 @@ __all__ = [
     "Heading",
     "MIN_CHUNK_SIZE",
     "chunk_text",
+    "contextual_heading",
     "find_headings",
     "validate_chunk_settings",
 ]
 
 MIN_CHUNK_SIZE = 50
+
+# Joins the elements of a heading path ("Title > Section > Subsection").
+PATH_SEPARATOR = " > "
+# A title longer than this is cut (at a space) before it heads every chunk of its document.
+MAX_HEADER_TITLE_CHARS = 200
 
 # A paragraph or sentence boundary earlier than this fraction of the
 # window is ignored in favour of a weaker one further on, so a short
@@ -71,10 +77,13 @@ def chunk_text(
     source_class: str,
     chunk_size: int = 1000,
     chunk_overlap: int = 100,
+    title: str | None = None,
 ) -> list[Chunk]:
     """Split ``text`` into ordered chunks; see the module docstring.
 
-    Unknown ``source_class`` values are chunked as plain prose.
+    Unknown ``source_class`` values are chunked as plain prose. With ``title`` (the
+    document's extracted title), every chunk's heading is its contextual header: see
+    :func:`contextual_heading`.
     """
     validate_chunk_settings(chunk_size, chunk_overlap)
     if not text:
@@ -100,11 +109,33 @@ def chunk_text(
             end=b,
             line_start=bisect_left(newlines, a) + 1,
             line_end=bisect_left(newlines, b - 1) + 1,
-            heading=heading,
+            heading=contextual_heading(title, heading),
             text=text[a:b],
         )
         for i, (a, b, heading) in enumerate(spans)
     ]
+
+
+def contextual_heading(title: str | None, path: str) -> str:
+    """A chunk's header: the document title in front of its heading path, once.
+
+    ``"Title > Section"`` for a chunk under "Section" of a document titled "Title"; just
+    ``"Title"`` for a chunk under no heading (HTML, PDF, text before the first heading). The
+    path is returned as it is when there is no title, or when its first element already is
+    the title (compared with whitespace collapsed and case folded), as for a Markdown file
+    whose ``# Title`` gives the document its title. A title over
+    ``MAX_HEADER_TITLE_CHARS`` is cut at a space. See adr/0035-header-contextual-title.md.
+    """
+    title = " ".join((title or "").split())
+    if not title:
+        return path
+    folded, flat = title.casefold(), " ".join(path.split()).casefold()
+    if flat == folded or flat.startswith(folded + PATH_SEPARATOR):
+        return path
+    if len(title) > MAX_HEADER_TITLE_CHARS:
+        cut = title.rfind(" ", 0, MAX_HEADER_TITLE_CHARS + 1)
+        title = title[: cut if cut > 0 else MAX_HEADER_TITLE_CHARS]
+    return title + PATH_SEPARATOR + path if path else title
 
 
 # --------------------------------------------------------------------------
@@ -143,7 +174,7 @@ def _sections(text: str, source_class: str) -> list[tuple[int, int, str]]:
         while stack and stack[-1][0] >= h.level:
             stack.pop()
         stack.append((h.level, h.title))
-        starts.append((h.start, " > ".join(t for _, t in stack if t)))
+        starts.append((h.start, PATH_SEPARATOR.join(t for _, t in stack if t)))
     ends = [s for s, _ in starts[1:]] + [len(text)]
     return [(s, e, path) for (s, path), e in zip(starts, ends)]
 

@@ -298,14 +298,31 @@ def _decode(data: bytes, encoding: str) -> str:
 
 
 def _title(text: str, source_class: str) -> str | None:
+    """Markdown: the first level-1 heading, else the front matter's ``title:``;
+    reStructuredText: the first heading."""
     if source_class == "markdown":
         for h in find_headings(text, "markdown"):
             if h.level == 1 and h.title:
                 return h.title
+        return _front_matter_title(text)
     elif source_class == "rst":
         for h in find_headings(text, "rst"):
             return h.title
     return None
+
+
+def _front_matter_title(text: str) -> str | None:
+    """The ``title:`` of a Markdown file's YAML front matter, whitespace collapsed."""
+    from .access_lists import front_matter
+
+    try:
+        matter = front_matter(text.lstrip("\ufeff"))
+    except Exception:  # front matter that is not YAML gives no title (and stays text)
+        return None
+    value = matter.get("title") if matter else None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    return " ".join(value.split()) or None if isinstance(value, str) else None
 
 
 # --------------------------------------------------------------------------
@@ -540,6 +557,7 @@ def _extract_pdf(data: bytes) -> Extracted:
         if reader.is_encrypted and not reader.decrypt(""):
             raise Skipped("encrypted")
         pages = [(page.extract_text() or "") for page in reader.pages]
+        title = _pdf_title(reader)
     except Skipped:
         raise
     except Exception:  # malformed PDFs surface as almost any exception type
@@ -560,7 +578,16 @@ def _extract_pdf(data: bytes) -> Extracted:
     if not text.strip():
         # Pages but no text: an image-only (scanned) PDF, said so rather than "empty".
         raise Skipped(NO_TEXT_LAYER if pages else "empty")
-    return Extracted(text, None, "pdf", "pypdf", pypdf.__version__, tuple(starts))
+    return Extracted(text, title, "pdf", "pypdf", pypdf.__version__, tuple(starts))
+
+
+def _pdf_title(reader) -> str | None:
+    """The PDF's document-information ``/Title``, whitespace collapsed; None if unset or unreadable."""
+    try:
+        value = reader.metadata.title if reader.metadata is not None else None
+    except Exception:  # a malformed info dictionary costs the title only
+        return None
+    return " ".join(value.split()) or None if isinstance(value, str) else None
 
 
 # --------------------------------------------------------------------------

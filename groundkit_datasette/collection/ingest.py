@@ -50,6 +50,10 @@ DEFAULT_EXCLUDES = (
     "*.pyc",
     "*.acl.json",  # access-list sidecars (acl.py) describe documents; they are not documents
 )
+# The contextual header rule recorded in the ``chunker`` manifest entry: a chunk's heading is
+# the document title in front of its heading path (chunking.contextual_heading). A collection
+# chunked without it (before adr/0035-header-contextual-title.md) is re-chunked once.
+TITLE_HEADER = "title > headings"
 # Chunks gathered before one embedding call: amortises batching across small documents.
 EMBED_BATCH_CHUNKS = 256
 # (file mode, directory mode) of what ingest creates: the files hold the corpus.
@@ -161,7 +165,8 @@ class Outcome:
     reason: str
 
 
-def prepare_document(job: _Job, chunk_size: int, chunk_overlap: int) -> "_Prepared | Outcome":
+def prepare_document(job: _Job, chunk_size: int, chunk_overlap: int,
+                     title_header: bool = True) -> "_Prepared | Outcome":
     try:
         extracted = extract_bytes(job.data, Path(job.source).suffix)
     except Skipped as skip:
@@ -174,6 +179,7 @@ def prepare_document(job: _Job, chunk_size: int, chunk_overlap: int) -> "_Prepar
         source_class=extracted.source_class,
         chunk_size=chunk_size,
         chunk_overlap=chunk_overlap,
+        title=extracted.title if title_header else None,
     )
     document_id = document_id_for(job.source)
     return _Prepared(
@@ -286,6 +292,24 @@ def chunk_ids_for(document_id: str, chunks) -> list[str]:
     return ids
 
 
+# The manifest key of the embedder's ``max_length`` (word pieces a text is cut to), for the
+# embedders that have one: queries are embedded at the same length (retrieval/collection.py).
+MAX_LENGTH_KEY = "embedding_max_length"
+
+
+def embedding_max_length(embedder) -> int | None:
+    """The embedder's ``max_length`` when it declares one as an integer, else None."""
+    value = getattr(embedder, "max_length", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _default_max_length(get_embedder, name: str) -> int | None:
+    try:
+        return embedding_max_length(get_embedder(name))
+    except EmbedderError:  # an embedder that cannot be built without options: nothing to assume
+        return None
+
+
 def embedding_text(heading: str, text: str) -> str:
     return f"{heading}\n\n{text}" if heading else text
 
@@ -312,6 +336,7 @@ class Indexer:
         group_readable: bool | None = None,
         map_stage: Callable | None = None,
         spare_copy: bool = True,
+        title_header: bool = True,
     ):
         self.name = validate_name(name)
         # Turns files to (re)process into documents, in order: here (below), or on a cluster
@@ -338,6 +363,8 @@ class Indexer:
         # Keep a copy of the published file for the next run's private copy, made after the
         # publish (adr/0002, "spare copy"): a run then starts without copying the file.
         self.spare_copy = spare_copy
+        # False only to measure the chunks of before the contextual title (benchmarks/quality.py).
+        self.title_header = bool(title_header)
         self._took_spare = False
         self._retired = self.index_dir / f".{self.name}.sqlite3.ingest-{os.getpid()}.old"
 
@@ -674,7 +701,19 @@ class Indexer:
             return None, False
         from ..embedding.embedders import get_embedder  # not for BM25-only runs: it loads onnxruntime
 
-        embedder = get_embedder(name, **self.embedder_options)
+        recorded = manifest.get(MAX_LENGTH_KEY) if bound == name else None
+        options = dict(self.embedder_options)
+        if recorded and "max_length" not in options:
+            # Embed at the length the collection's vectors were embedded at.
+            options["max_length"] = int(recorded)
+        try:
+            embedder = get_embedder(name, **options)
+        except EmbedderError:
+            if options == self.embedder_options:
+                raise
+            options = dict(self.embedder_options)  # a factory without the option: checked below
+            embedder = get_embedder(name, **options)
+        self.embedder_options = options  # cluster workers build their embedder from these
         backfill = False
         if bound and bound != "none":
             want = (manifest.get("embedding_provider"), manifest.get("embedding_model"),
@@ -685,6 +724,16 @@ class Indexer:
                     f"collection '{self.name}' was built with {want[0]}/{want[1]} ({want[2]} dimensions); "
                     f"refusing to add vectors from {got[0]}/{got[1]} ({got[2]} dimensions)"
                 )
+            got_length = embedding_max_length(embedder)
+            if got_length is not None:
+                # A collection from before the record was embedded at the embedder's default.
+                want_length = int(recorded) if recorded else _default_max_length(get_embedder, name)
+                if want_length is not None and want_length != got_length:
+                    raise EmbedderError(
+                        f"collection '{self.name}' was embedded at max_length {want_length}; refusing "
+                        f"to add vectors embedded at {got_length} (give --embedder-option "
+                        f"max_length={want_length}, or ingest into a new collection)"
+                    )
         elif has_docs:
             backfill = True  # a BM25-only collection gains vectors for every chunk
         return embedder, backfill
@@ -692,7 +741,7 @@ class Indexer:
     def _run(self, conn, base: Path, roots: list[Path], report: IngestReport) -> bool:
         manifest = read_manifest(conn)
         embedder, backfill = self._bind_embedder(conn, manifest)
-        chunker = json.dumps({"chunk_size": self.chunk_size, "chunk_overlap": self.chunk_overlap})
+        chunker = self.chunker_entry()
         rechunk = manifest.get("chunker") not in (None, chunker) or backfill
         generation = int(manifest.get("generation", "0")) + 1
 
@@ -867,9 +916,16 @@ class Indexer:
             work = not (prior and not rechunk and prior[1] == file_hash)
             yield _Job(source, data if work else None, file_hash, acl, prior, size, mtime_ns, work)
 
+    def chunker_entry(self) -> str:
+        """The manifest's ``chunker``: a different one re-chunks every document on the next run."""
+        entry = {"chunk_size": self.chunk_size, "chunk_overlap": self.chunk_overlap}
+        if self.title_header:
+            entry["header"] = TITLE_HEADER
+        return json.dumps(entry)
+
     def prepare(self, job: "_Job") -> "_Prepared | Outcome":
         """Extract and chunk one file (the local map stage; cluster workers call the same)."""
-        return prepare_document(job, self.chunk_size, self.chunk_overlap)
+        return prepare_document(job, self.chunk_size, self.chunk_overlap, self.title_header)
 
     def _restore_missing_vectors(self, conn, embedder, vectors, report: IngestReport) -> bool:
         """Embed every chunk that has no vector, so a publish never leaves chunks without one.
@@ -1054,6 +1110,9 @@ class Indexer:
                 embedding_model=embedder.model_name,
                 embedding_dimensions=str(embedder.dimensions),
             )
+            length = embedding_max_length(embedder)
+            if length is not None:
+                values[MAX_LENGTH_KEY] = str(length)
         conn.executemany(
             "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
             "ON CONFLICT(key) DO UPDATE SET value = excluded.value",

@@ -151,6 +151,16 @@ class Collection:
             dimensions=int(m["embedding_dimensions"]),
         )
 
+    @property
+    def embedding_max_length(self) -> int | None:
+        """The ``max_length`` the documents were embedded at (``embedding_max_length`` in the
+        manifest), which queries are embedded at too; None when not recorded (a collection
+        from before the record, or an embedder without one): the embedder's default."""
+        try:
+            return int(self.manifest.get("embedding_max_length") or 0) or None
+        except ValueError:
+            return None
+
     def vectors(self):
         """The LanceDB table at the published version, or None for a BM25-only collection."""
         if not self._vectors_loaded:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import gzip
 import hashlib
+import html
 import json
 import math
 import re
@@ -105,16 +106,27 @@ def safe_file_name(doc_id: str, suffix: str = ".txt") -> str:
     return safe + suffix
 
 
-def document_file(doc: dict) -> tuple[str, str]:
+# How ``write_sources`` writes a corpus document: "markdown" (the default, what ``groundkit
+# eval`` measures) or "html" (a ``<title>`` and a body without headings: benchmarks/quality.py
+# measures the contextual header on it, adr/0035-header-contextual-title.md).
+SOURCE_FORMATS = ("markdown", "html")
+
+
+def document_file(doc: dict, source_format: str = "markdown") -> tuple[str, str]:
     """``(file name, text)`` of a corpus document.
 
     A titled document is written as Markdown with its title as the level-1 heading, so
     ingest knows it as the title: every chunk carries its heading path (here, the title)
     into BM25 and the embedder, as for any titled Markdown file. Untitled documents are
-    plain text. See adr/0018-bm25-over-chunks.md.
+    plain text. See adr/0018-bm25-over-chunks.md. ``source_format="html"`` writes a titled
+    document as an HTML page instead: the title in ``<title>`` only, the text in one ``<p>``.
     """
     title = " ".join((doc.get("title") or "").split())
     text = doc.get("text") or ""
+    if title and source_format == "html":
+        page = (f"<!doctype html>\n<html><head><title>{html.escape(title)}</title></head>\n"
+                f"<body><p>{html.escape(text)}</p></body></html>\n")
+        return safe_file_name(str(doc["_id"]), ".html"), page
     if title:
         return safe_file_name(str(doc["_id"]), ".md"), f"# {title}\n\n{text}"
     return safe_file_name(str(doc["_id"])), text
@@ -135,14 +147,17 @@ class SourceSync:
     id_of_source: dict[str, str] = field(default_factory=dict)
 
 
-def write_sources(corpus: Iterable[dict], directory: Path) -> SourceSync:
-    """One ``.txt`` per document; identical files are left alone so ingest sees no change."""
+def write_sources(corpus: Iterable[dict], directory: Path, source_format: str = "markdown") -> SourceSync:
+    """One file per document (:func:`document_file`); identical files are left alone so
+    ingest sees no change."""
+    if source_format not in SOURCE_FORMATS:
+        raise InvalidRequest(f"unknown source format {source_format!r}; use {', '.join(SOURCE_FORMATS)}")
     directory.mkdir(parents=True, exist_ok=True)
     sync = SourceSync()
     seen: set[str] = set()
     for doc in corpus:
         doc_id = str(doc["_id"])
-        name, text = document_file(doc)
+        name, text = document_file(doc, source_format)
         if name in sync.id_of_source or doc_id in seen:
             raise InvalidRequest(f"corpus document id {doc_id!r} appears twice")
         seen.add(doc_id)
@@ -158,7 +173,7 @@ def write_sources(corpus: Iterable[dict], directory: Path) -> SourceSync:
         target.write_bytes(data)
         sync.written += 1
     # Files this command wrote for documents no longer in the corpus.
-    for stale in [*directory.glob("*.txt"), *directory.glob("*.md")]:
+    for stale in [*directory.glob("*.txt"), *directory.glob("*.md"), *directory.glob("*.html")]:
         if stale.name not in sync.id_of_source:
             stale.unlink()
             sync.removed += 1
@@ -301,13 +316,16 @@ def default_collection_name(dataset: Dataset) -> str:
     return name
 
 
-def build_collection(dataset: Dataset, name: str, index_dir: Path, embedder: str | None, progress=None):
-    """Write the sources and ingest them incrementally; an unchanged corpus publishes nothing."""
+def build_collection(dataset: Dataset, name: str, index_dir: Path, embedder: str | None, progress=None,
+                     source_format: str = "markdown", indexer_options: dict | None = None):
+    """Write the sources and ingest them incrementally; an unchanged corpus publishes nothing.
+    ``indexer_options`` go to the ``Indexer`` (benchmarks: ``title_header=False``)."""
     from ..collection.ingest import Indexer
 
     sources = index_dir / f"{name}-sources"
-    sync = write_sources(dataset.corpus(), sources)
-    indexer = Indexer(name, index_dir=index_dir, base_dir=sources, embedder=embedder, progress=progress)
+    sync = write_sources(dataset.corpus(), sources, source_format)
+    indexer = Indexer(name, index_dir=index_dir, base_dir=sources, embedder=embedder, progress=progress,
+                      **(indexer_options or {}))
     report = indexer.ingest([sources])
     return sync, report
 
@@ -326,6 +344,8 @@ def evaluate(
     progress=None,
     log=lambda message: None,
     batch: str | None = None,
+    source_format: str = "markdown",
+    indexer_options: dict | None = None,
 ) -> EvalReport:
     """Build (or reuse) the collection for ``dataset_dir`` and score every mode on its judged queries."""
     from .collection import Collection
@@ -348,7 +368,8 @@ def evaluate(
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
     t0 = time.perf_counter()
-    sync, ingest_report = build_collection(dataset, name, index_dir, embedder, progress)
+    sync, ingest_report = build_collection(dataset, name, index_dir, embedder, progress,
+                                           source_format, indexer_options)
     ingest_seconds = time.perf_counter() - t0
     log(
         f"sources: {sync.written} written, {sync.unchanged} unchanged, {sync.removed} removed; "
@@ -384,7 +405,8 @@ def evaluate(
             chunks=len(doc_of_chunk), reused=not ingest_report.published,
             ingest_seconds=round(ingest_seconds, 3), embedder=col.manifest.get("embedder") or "none",
             depth=depth, started_at=started_at, results=results, failures=failures,
-            settings=run_settings(col.manifest, depth, rerank, reranker), batch=batch,
+            settings=run_settings(col.manifest, depth, rerank, reranker)
+            | ({"source_format": source_format} if source_format != "markdown" else {}), batch=batch,
         )
     finally:
         col.close()

@@ -12,7 +12,7 @@ import numpy as np
 from . import bm25
 from ..errors import DenseUnavailable, EmbedderError, EmbedderMismatch, InvalidRequest
 
-_embedders: dict[str, object] = {}
+_embedders: dict[tuple, object] = {}  # (name, max_length) -> embedder
 _embedders_lock = threading.Lock()
 
 
@@ -24,21 +24,27 @@ def query_embedder(collection, *, probe: bool = True):
     """
     manifest = collection.embedding
     embedder = collection.embedder
+    length = collection.embedding_max_length  # queries are embedded at the documents' length
     if embedder is None:
         name = collection.manifest.get("embedder")
         with _embedders_lock:
-            embedder = _embedders.get(name)
+            embedder = _embedders.get((name, length))
             if embedder is None:
                 from ..embedding.embedders import get_embedder
 
                 try:
-                    embedder = get_embedder(name)
+                    try:
+                        embedder = get_embedder(name, **({"max_length": length} if length else {}))
+                    except EmbedderError:
+                        if not length:
+                            raise
+                        embedder = get_embedder(name)  # no such option: the check below decides
                 except EmbedderError:
                     raise DenseUnavailable(
                         f"this server has no embedder '{name}' for the collection's queries; "
                         "use mode bm25 or pass a query vector"
                     ) from None
-                _embedders[name] = embedder
+                _embedders[(name, length)] = embedder
     known = probe or getattr(embedder, "_dimensions", 0) is not None
     got = (embedder.provider, embedder.model_name,
            int(embedder.dimensions) if known else manifest.dimensions)
@@ -47,6 +53,12 @@ def query_embedder(collection, *, probe: bool = True):
         raise EmbedderMismatch(
             f"the server's embedder {got[0]}/{got[1]} ({got[2]} dimensions) does not match the "
             f"collection's {want[0]}/{want[1]} ({want[2]} dimensions)"
+        )
+    got_length = getattr(embedder, "max_length", None)
+    if length is not None and isinstance(got_length, int) and got_length != length:
+        raise EmbedderMismatch(
+            f"the server's embedder embeds queries at max_length {got_length}; the collection's "
+            f"documents were embedded at max_length {length}"
         )
     return embedder
 
