@@ -10,7 +10,7 @@ as issue 15 measured it. Both are scored with the same nDCG@10 (trec_eval's ndcg
     python benchmarks/quality.py                      # all five collections
     python benchmarks/quality.py --corpora cisi,cacm --check   # exit 1 when ours is below
 
---header measures the contextual header (adr/0035-header-contextual-title.md) where it is
+--header measures the contextual header (adr/0035-contextual-title-header.md) where it is
 needed: each corpus written as HTML pages (the title in ``<title>`` only, the text in one
 ``<p>``, no headings), ingested without the header (``Indexer(title_header=False)``, the
 chunks of before) and with it, scored the way ``groundkit eval`` scores, side by side; then

@@ -1,4 +1,4 @@
-"""The document title heads every chunk (adr/0035-header-contextual-title.md), and the
+"""The document title heads every chunk (adr/0035-contextual-title-header.md), and the
 embedder's ``max_length`` is recorded so queries are embedded at the documents' length.
 
 Real files, real ingest into SQLite (and LanceDB for the embedder tests), real searches.

@@ -124,7 +124,7 @@ def contextual_heading(title: str | None, path: str) -> str:
     path is returned as it is when there is no title, or when its first element already is
     the title (compared with whitespace collapsed and case folded), as for a Markdown file
     whose ``# Title`` gives the document its title. A title over
-    ``MAX_HEADER_TITLE_CHARS`` is cut at a space. See adr/0035-header-contextual-title.md.
+    ``MAX_HEADER_TITLE_CHARS`` is cut at a space. See adr/0035-contextual-title-header.md.
     """
     title = " ".join((title or "").split())
     if not title:

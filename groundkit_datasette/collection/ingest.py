@@ -52,7 +52,7 @@ DEFAULT_EXCLUDES = (
 )
 # The contextual header rule recorded in the ``chunker`` manifest entry: a chunk's heading is
 # the document title in front of its heading path (chunking.contextual_heading). A collection
-# chunked without it (before adr/0035-header-contextual-title.md) is re-chunked once.
+# chunked without it (before adr/0035-contextual-title-header.md) is re-chunked once.
 TITLE_HEADER = "title > headings"
 # Chunks gathered before one embedding call: amortises batching across small documents.
 EMBED_BATCH_CHUNKS = 256

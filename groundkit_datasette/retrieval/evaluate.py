@@ -108,7 +108,7 @@ def safe_file_name(doc_id: str, suffix: str = ".txt") -> str:
 
 # How ``write_sources`` writes a corpus document: "markdown" (the default, what ``groundkit
 # eval`` measures) or "html" (a ``<title>`` and a body without headings: benchmarks/quality.py
-# measures the contextual header on it, adr/0035-header-contextual-title.md).
+# measures the contextual header on it, adr/0035-contextual-title-header.md).
 SOURCE_FORMATS = ("markdown", "html")
 
 
