@@ -146,31 +146,24 @@ def worker(engine: str, spec_file: str) -> dict:
 
         ranked_ids = {q: rank_only(q) for q in queries}
 
-        def response(q):
+        def built(q):  # ranked row ids to the response model, as run_search builds it
             ids, scores = ranked_ids[q]
             rows = _search.hit_rows(col, "id", ids)
             by_id = {r[14]: r for r in rows}
             ranked_list = [(by_id[i][0], s) for i, s in zip(ids, scores)]
             comps = {cid: {"bm25": {"rank": n, "score": s}} for n, (cid, s) in enumerate(ranked_list, 1)}
             hits, _rows = _search._hits(col, ranked_list[:TOP_K], comps, 1, {r[0]: r for r in rows})
-            return _serialize.body(_search.build_response(dict(
+            return _search.build_response(dict(
                 collection=col.name, mode="bm25", generation=col.generation, top_k=TOP_K, offset=0,
                 next_offset=TOP_K if len(ids) > TOP_K else None,
                 top_score=scores[0] if scores else None, timings_ms={"total_ms": 0.0}, hits=hits,
-            ), trusted=True))
+            ), trusted=True)
+
+        def response(q):
+            return _serialize.body(built(q))
 
         def response_before(q):  # the JSON API's body before serialize.py: json.dumps of a dict
-            ids, scores = ranked_ids[q]
-            rows = _search.hit_rows(col, "id", ids)
-            by_id = {r[14]: r for r in rows}
-            ranked_list = [(by_id[i][0], s) for i, s in zip(ids, scores)]
-            comps = {cid: {"bm25": {"rank": n, "score": s}} for n, (cid, s) in enumerate(ranked_list, 1)}
-            hits, _rows = _search._hits(col, ranked_list[:TOP_K], comps, 1, {r[0]: r for r in rows})
-            return json.dumps(_search.build_response(dict(
-                collection=col.name, mode="bm25", generation=col.generation, top_k=TOP_K, offset=0,
-                next_offset=TOP_K if len(ids) > TOP_K else None,
-                top_score=scores[0] if scores else None, timings_ms={"total_ms": 0.0}, hits=hits,
-            ), trusted=True).model_dump(mode="json")).encode()
+            return json.dumps(built(q).model_dump(mode="json")).encode()
 
         def no_stale_check(collection, rows):
             return {r[1]: None for r in rows}
