@@ -144,3 +144,39 @@ def test_a_write_through_a_hard_link_elsewhere_shows_on_the_next_search(built):
         with open(other, "a") as f:
             f.write("Written through the other name.\n")
         assert flags(col) == dict(FRESH, **{"top.txt": True})
+
+
+def test_the_watch_budget_is_a_share_of_the_users_limit(tmp_path):
+    limit = tmp_path / "max_user_watches"
+    limit.write_text("8192\n")
+    assert citations._watch_budget(str(limit)) == 1024
+    limit.write_text("1048576\n")
+    assert citations._watch_budget(str(limit)) == citations._Watcher.MAX_DIRS
+    limit.write_text("not a number\n")
+    assert citations._watch_budget(str(limit)) == 1024
+    assert citations._watch_budget(str(tmp_path / "missing")) == 1024
+
+
+def test_a_watcher_past_its_budget_adds_no_watch_and_searches_still_see_edits(built, monkeypatch):
+    """Paths past the budget are not watched (their answers are not kept: stat every search),
+    and a path watched once is watched again after an event without counting twice."""
+    corpus, index_dir = built
+    real = citations._new_watcher()  # its own inotify instance, not the process's
+    if real is None:
+        pytest.fail("inotify is available on the test machines (Linux)")
+    watcher = citations._Watcher(real._libc, real.fd, budget=3)
+    base = os.path.realpath(corpus)
+    a, b, c = base, os.path.join(base, "top.txt"), os.path.join(base, "deep")
+    assert watcher.watch((a, b)) is True
+    assert watcher.watch((c,)) is True
+    assert watcher.watch((os.path.join(base, "deep", "mid.txt"),)) is False  # over budget
+    (corpus / "top.txt").write_text("Osprey top notes.\n\nosprey fishing, changed\n")
+    watcher.poll()  # the event: every kept answer is dropped, the watches stay counted
+    assert watcher.watch((a, b, c)) is True
+    assert len(watcher._added) == 3
+    monkeypatch.setattr(citations, "_watcher", lambda: watcher)
+    with Collection.open("hawks", index_dir=index_dir, base_dir=corpus) as col:
+        assert flags(col) == dict(FRESH, **{"top.txt": True})
+        (corpus / "deep" / "er" / "low.txt").write_text("Osprey low notes.\n\nosprey dive, changed\n")
+        assert flags(col) == dict(FRESH, **{"top.txt": True, "deep/er/low.txt": True})
+    os.close(real.fd)

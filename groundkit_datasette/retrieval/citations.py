@@ -255,10 +255,14 @@ class _Watcher:
     _MASK = (0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800)
     MAX_DIRS = 16_384  # directories and files
 
-    def __init__(self, libc, fd: int):
+    def __init__(self, libc, fd: int, budget: int | None = None):
         self._libc, self.fd, self.pid = libc, fd, os.getpid()
         self.epoch = 0
         self._dirs: set = set()
+        # Every path ever added holds a kernel watch until it is deleted (re-adding one reuses
+        # it): counted, so the process never takes more than its share of the user's watches.
+        self._added: set = set()
+        self._budget = _watch_budget() if budget is None else budget
         self._lock = threading.Lock()
         self._full = False
         import select
@@ -288,16 +292,29 @@ class _Watcher:
         for d in dirs:
             if d in known:
                 continue
-            if self._full or len(known) >= self.MAX_DIRS:
+            if self._full or (d not in self._added and len(self._added) >= self._budget):
                 return False
             wd = self._libc.inotify_add_watch(self.fd, os.fsencode(d), self._MASK)
             if wd < 0:  # no such directory, or the user's watches are used up
                 self._full = ctypes_errno() == 28  # ENOSPC
                 return False
+            self._added.add(d)
             with self._lock:
                 if self._dirs is known:
                     known.add(d)
         return True
+
+
+def _watch_budget(limit_file: str = "/proc/sys/fs/inotify/max_user_watches") -> int:
+    """How many watches one process may hold: an eighth of the user's limit (editors, file
+    sync and ``groundkit watch`` need the rest), at most ``_Watcher.MAX_DIRS``; the budget of
+    the smallest common limit (8,192) when it cannot be read."""
+    try:
+        with open(limit_file, encoding="ascii") as f:
+            limit = int(f.read().strip())
+    except (OSError, ValueError):
+        limit = 8192
+    return max(0, min(_Watcher.MAX_DIRS, limit // 8))
 
 
 def ctypes_errno() -> int:
