@@ -16,26 +16,14 @@ from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.retrieval.models import Hit, SearchResponse
 from groundkit_datasette.retrieval.permissions import Reader, ScopedCollection
 
-from .pdf_support import make_pdf
+from .bird_support import build_birds
 
 
 @pytest.fixture
 def built(tmp_path):
-    corpus = tmp_path / "corpus"
-    (corpus / "notes").mkdir(parents=True)
-    for i in range(6):
-        (corpus / "notes" / f"n{i}.txt").write_text(
-            f"Kestrel notes {i}.\n\n" + "kestrel falcon migration " * (i + 1) + f"\n\nmarker{i}\n")
-    (corpus / "secret.md").write_text(
+    return build_birds(tmp_path, {"secret.md": (
         "---\ngroundkit_acl:\n  users: [alice]\n---\n# Merger\n\n"
-        "kestrel kestrel kestrel kestrel falcon merger plans\n")
-    (corpus / "field.pdf").write_bytes(make_pdf([
-        ["Field guide, page one.", "The kestrel hovers over the meadow."],
-        ["Page two.", "A falcon stoops at speed; kestrel and falcon compared."],
-    ]))
-    index_dir = tmp_path / "index"
-    ingest([corpus], collection="birds", index_dir=index_dir, embedder="none")
-    return corpus, index_dir
+        "kestrel kestrel kestrel kestrel falcon merger plans\n")})
 
 
 def _validated(monkeypatch):

@@ -14,26 +14,14 @@ from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.retrieval.models import ComponentScore, SearchResponse
 from groundkit_datasette.surfaces import serialize
 
-from .pdf_support import make_pdf
+from .bird_support import build_birds
 
 
 @pytest.fixture
 def built(tmp_path):
-    corpus = tmp_path / "corpus"
-    (corpus / "notes").mkdir(parents=True)
-    for i in range(6):
-        (corpus / "notes" / f"n{i}.txt").write_text(
-            f"Kestrel notes {i}.\n\n" + "kestrel falcon migration " * (i + 1) + f"\n\nmarker{i}\n")
-    # Non-ASCII text, quotes, backslashes and control characters: the escaping must match.
-    (corpus / "unicode.md").write_text(
-        '# Faucon crécerelle\n\nLe "faucon" \\ kestrel — 隼 falcon\ttab\n', encoding="utf-8")
-    (corpus / "field.pdf").write_bytes(make_pdf([
-        ["Field guide, page one.", "The kestrel hovers over the meadow."],
-        ["Page two.", "A falcon stoops at speed; kestrel and falcon compared."],
-    ]))
-    index_dir = tmp_path / "index"
-    ingest([corpus], collection="birds", index_dir=index_dir, embedder="none")
-    return corpus, index_dir
+    return build_birds(tmp_path, {
+        # Non-ASCII text, quotes, backslashes and control characters: the escaping must match.
+        "unicode.md": '# Faucon crécerelle\n\nLe "faucon" \\ kestrel — 隼 falcon\ttab\n'})
 
 
 def _check(response):
