@@ -204,3 +204,22 @@ def test_load_takes_the_warmed_session_once():
     assert second._session is not warmed
     assert MiniLMEmbedder.start_warm() is None  # loaded in this process: nothing to warm
     np.testing.assert_array_equal(first.embed(TEXTS), second.embed(TEXTS))
+
+
+def test_a_warm_up_at_a_recorded_length_serves_the_embedder_of_that_length():
+    """A collection embedded at max_length 256 warms the session its query embedder (built at
+    256) takes, not one at the default that nothing would use."""
+    from groundkit_datasette.embedding import embedders
+
+    embedders._loaded.clear()
+    embedders._warming.clear()
+    thread = MiniLMEmbedder.start_warm(256)
+    assert thread is not None
+    thread.join()
+    (key,) = embedders._warming
+    assert key[2] == 256
+    warmed = embedders._warming[key].result()[1]
+    at_256 = MiniLMEmbedder(max_length=256)
+    at_256.load()
+    assert at_256._session is warmed
+    assert not embedders._warming

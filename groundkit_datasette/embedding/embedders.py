@@ -246,15 +246,16 @@ class MiniLMEmbedder(Embedder):
             self._session = session
 
     @classmethod
-    def start_warm(cls) -> threading.Thread | None:
-        """Start loading the default configuration's tokenizer and session in a thread, for
-        the next ``MiniLMEmbedder()`` to take (its ``load`` waits for that thread rather than
+    def start_warm(cls, max_length: int | None = None) -> threading.Thread | None:
+        """Start loading the default configuration's tokenizer and session (at ``max_length``,
+        a collection's recorded length, when given) in a thread, for the next
+        ``MiniLMEmbedder()`` of that length to take (its ``load`` waits for that thread rather than
         loading again); None when one is loaded or loading already, or the files are missing
         (``load`` reports that). For a fresh process about to embed its first query, before
         it imports and validates the rest of the search (adr/0037). The thread is not a
         daemon: an interpreter exiting mid-load waits rather than tear onnxruntime down."""
         try:
-            embedder = cls()
+            embedder = cls(**({"max_length": max_length} if max_length else {}))
             onnx_file, tokenizer_file = embedder._model_files()
         except EmbedderError:
             return None

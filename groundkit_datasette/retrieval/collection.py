@@ -273,7 +273,8 @@ class Collection:
         if (m.get("embedding_provider"), m.get("embedding_model"), m.get("embedding_dimensions")) != (
                 MiniLMEmbedder.provider, MiniLMEmbedder.model_name, str(MiniLMEmbedder.dimensions)):
             return
-        self._warm = MiniLMEmbedder.start_warm() or False
+        # At the documents' length: the query embedder is built at it (rankers.query_embedder).
+        self._warm = MiniLMEmbedder.start_warm(self.embedding_max_length) or False
 
     def fetch_chunk(self, chunk_id: str) -> ChunkResponse:
         from .models import ChunkCitation, ChunkResponse, FetchChunkRequest

@@ -133,11 +133,16 @@ def hit_rows(collection, key: str, values: list) -> list[tuple]:
 HIT_ROW_CACHE = 4096
 
 
-def _row_cache(collection) -> dict:
-    cache = collection.__dict__.get("_hit_row_cache")
+def _kept(collection, key: str) -> dict:
+    """A dict kept on one open collection (one published version: its rows never change)."""
+    cache = collection.__dict__.get(key)
     if cache is None:
-        cache = collection.__dict__["_hit_row_cache"] = {}
+        cache = collection.__dict__[key] = {}
     return cache
+
+
+def _row_cache(collection) -> dict:
+    return _kept(collection, "_hit_row_cache")
 
 
 def _query_hit_rows(collection, key: str, values: list) -> list[tuple]:
@@ -192,10 +197,7 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
 def _citation_cache(collection) -> dict:
     """Chunk id -> the hit's citation fields as a dict, per open collection (one published
     version: a chunk id's row never changes within it); bounded like the hit rows."""
-    cache = collection.__dict__.get("_citation_cache")
-    if cache is None:
-        cache = collection.__dict__["_citation_cache"] = {}
-    return cache
+    return _kept(collection, "_citation_cache")
 
 
 def _source_changed(collection, rows) -> dict:
