@@ -228,6 +228,27 @@ def built_whole(cls, data: dict):
 _ALL_SET: dict = {}
 
 
+def whole_builder(cls):
+    """:func:`built_whole` for one class, as a function of ``data`` alone (a search builds
+    two models per hit this way: no per-call lookups)."""
+    fields_set = _ALL_SET.get(cls)
+    if fields_set is None:
+        fields_set = _ALL_SET[cls] = set(cls.model_fields)
+    new, set_dict, set_fields, set_extra, set_private = (
+        _new, _set, _set_fields, _set_extra, _set_private)
+
+    def build(data: dict):
+        instance = new(cls)
+        set_dict(instance, "__dict__", data)
+        set_fields(instance, fields_set)
+        set_extra(instance, None)
+        set_private(instance, None)
+        return instance
+
+    build.__doc__ = f"A {cls.__name__} of ``data`` (every field, in order), not validated."
+    return build
+
+
 def _instance(cls, data: dict, fields_set: set):
     instance = _new(cls)
     _set(instance, "__dict__", data)
@@ -256,6 +277,30 @@ def _build_plan(cls):
 
 
 _REQUIRED = object()
+
+
+class PlainResponse:
+    """A response held as the plain values ``model_dump(mode="json")`` gives (``payload``:
+    dicts in the model's field order, every default filled in), the model built only when
+    a caller asks for one (``model()``).
+
+    The JSON API writes ``payload`` as it is and MCP hands it over (surfaces/serialize.py);
+    the HTML pages and the Python API read models. A search of a built-in mode answers the
+    surfaces this way: no pydantic model is built or serialized per hit (adr/0038).
+    ``payload`` and the model may share inner values: neither is ever changed in place.
+    """
+
+    __slots__ = ("payload", "_model", "_build")
+
+    def __init__(self, payload: dict, *, model=None, build=None):
+        self.payload = payload
+        self._model = model
+        self._build = build
+
+    def model(self):
+        if self._model is None:
+            self._model = self._build(self.payload)
+        return self._model
 
 
 class SearchResponse(Response):

@@ -57,7 +57,8 @@ class RankContext:
     def record(self, component: str, ranked, *, with_rank: bool = True) -> None:
         """Show each candidate's place in a component list on its hit (``components``)."""
         for rank, (cid, score) in enumerate(ranked, 1):
-            entry = {"rank": rank, "score": score} if with_rank else {"score": score}
+            # Every field of ComponentScore, in order (a search's payload holds them as is).
+            entry = {"rank": rank if with_rank else None, "score": score}
             self.components.setdefault(cid, {})[component] = entry
 
     def query_vector(self):

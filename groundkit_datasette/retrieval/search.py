@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import DenseUnavailable, InvalidRequest, RerankNotConfigured, RerankerError
 from .models import (
     CITATION_FIELDS, MAX_OFFSET, MAX_TOP_K, ComponentScore, DocumentGroup, Hit, SearchRequest,
-    SearchResponse, built, built_whole,
+    PlainResponse, SearchResponse, built, whole_builder,
 )
 from . import bm25
 from .citations import StaleCheck
@@ -158,40 +158,39 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
     by chunk id; only the others are looked up."""
     if not ranked:
         return [], []
-    rows = rows or {}
-    missing = [cid for cid, _ in ranked if cid not in rows]
-    if missing:
-        rows = dict(rows)
-        for r in hit_rows(collection, "chunk_id", missing):
-            rows[r[0]] = r
-    found = [rows.get(cid) for cid, _ in ranked]
-    if None in found:  # a vector without its chunk row: never serve a half-consistent hit
-        from ..errors import IndexInconsistent
+    found = [rows.get(cid) for cid, _ in ranked] if rows else [None] * len(ranked)
+    if None in found:
+        missing = [cid for (cid, _), r in zip(ranked, found) if r is None]
+        looked_up = {r[0]: r for r in hit_rows(collection, "chunk_id", missing)}
+        found = [r or looked_up.get(cid) for (cid, _), r in zip(ranked, found)]
+        if None in found:  # a vector without its chunk row: never serve a half-consistent hit
+            from ..errors import IndexInconsistent
 
-        raise IndexInconsistent(
-            "the collection's vectors and chunks disagree; re-run groundkit ingest"
-        )
+            raise IndexInconsistent(
+                "the collection's vectors and chunks disagree; re-run groundkit ingest"
+            )
     changed = _source_changed(collection, found)
     citations = _citation_cache(collection)
-    hits, row_ids = [], []
+    cited = citations.get
+    parts = components.get
+    hits = []
     rank = first_rank
     for (cid, score), r in zip(ranked, found):
-        citation = citations.get(cid)
+        citation = cited(cid)
         if citation is None:  # the row's first twelve columns, by name, made once
             citation = dict(zip(CITATION_FIELDS, r))
             if len(citations) >= HIT_ROW_CACHE:
                 citations.clear()
             citations[cid] = citation
-        hit = citation.copy()
+        hit = citation.copy()  # then the rest of Hit's fields, in order
         hit["rank"] = rank
         hit["score"] = score
-        hit["components"] = components.get(cid) or {}
+        hit["components"] = parts(cid) or {}
         hit["source_changed"] = changed[r[1]]
         hit["matched_terms"] = []  # set by _add_matches
         hits.append(hit)
-        row_ids.append(r[14])
         rank += 1
-    return hits, row_ids
+    return hits, [r[14] for r in found]
 
 
 def _citation_cache(collection) -> dict:
@@ -217,6 +216,25 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     applied here, before ranking for the built-in rankers and again to whatever a mode
     returns, so no mode can hand out a chunk the reader may not see.
     """
+    fields, trusted = _search(collection, request, access)
+    return build_response(fields, trusted=trusted)
+
+
+def search_plain(collection, request: SearchRequest, access=None) -> PlainResponse:
+    """:func:`run_search` as the JSON API and MCP take it: the response's plain values
+    (``model_dump(mode="json")`` of the model :func:`run_search` returns), the model built
+    only if a caller asks (``.model()``, the HTML page). A plugin's mode is validated into
+    the model first and its payload dumped from it."""
+    fields, trusted = _search(collection, request, access)
+    if not trusted:
+        model = SearchResponse(**fields)
+        return PlainResponse(model.model_dump(mode="json"), model=model)
+    return PlainResponse(fields, build=_model_of_payload)
+
+
+def _search(collection, request: SearchRequest, access):
+    """The response's fields (hits and groups as plain dicts, in the models' field order)
+    and whether a built-in mode ranked them (then they are already what the JSON holds)."""
     started = time.perf_counter()
     name = request.mode or ("hybrid" if collection.embedding is not None else "bm25")
     # A built-in mode is always registered under its name (no plugin replaces one).
@@ -252,25 +270,27 @@ def run_search(collection, request: SearchRequest, access=None) -> SearchRespons
     hits, row_ids = _hits(collection, ranked, ctx.components, request.offset + 1, prefetched)
     lexical = _add_matches(collection, request.query, hits, row_ids, ctx.allowed)
     groups = _groups(hits) if request.group_by_document else None
-    ctx.timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
-    return build_response(dict(
-        collection=collection.name,
-        mode=name,
-        generation=collection.generation,
-        top_k=request.top_k,
-        offset=request.offset,
-        next_offset=window if more else None,
-        top_score=top_score,
-        groups=groups,
-        reranked=request.rerank,
-        rerank_model=rerank_model,
-        rerank_depth=rerank_depth,
-        complete=ctx.complete,
-        lexical_match=lexical,
-        note=None if lexical else NO_LEXICAL_MATCH,
-        timings_ms=ctx.timings,
-        hits=hits,
-    ), trusted=builtin)
+    timings = ctx.timings
+    timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
+    # Every field of SearchResponse, in its order (the payload is these values as they are).
+    return {
+        "collection": collection.name,
+        "mode": name,
+        "generation": collection.generation,
+        "top_k": request.top_k,
+        "offset": request.offset,
+        "next_offset": window if more else None,
+        "top_score": top_score,
+        "groups": groups,
+        "reranked": request.rerank,
+        "rerank_model": rerank_model,
+        "rerank_depth": rerank_depth,
+        "complete": ctx.complete,
+        "lexical_match": lexical,
+        "note": None if lexical else NO_LEXICAL_MATCH,
+        "timings_ms": timings,
+        "hits": hits,
+    }, builtin
 
 
 def build_response(fields: dict, *, trusted: bool) -> SearchResponse:
@@ -278,26 +298,46 @@ def build_response(fields: dict, *, trusted: bool) -> SearchResponse:
 
     ``trusted``: everything is the collection's own rows and our rankers' floats, so the
     models are built without validating them again (adr/0025-bm25-topk.md); a plugin's
-    mode, whose scores and components could be anything, is validated.
+    mode, whose scores and components could be anything, is validated. The hit dicts
+    become the models' own.
     """
     if not trusted:
         return SearchResponse(**fields)
-    hits = []
-    for h in fields["hits"]:  # dicts in Hit's field order, from _hits: they become the models'
+    hits = fields["hits"]
+    for h in hits:  # dicts in Hit's field order, from _hits: they become the models'
+        # The entries RankContext.record made for this search alone, every field of
+        # ComponentScore in order: each becomes its model's own dict, in place.
         parts = h["components"]
-        if parts:
-            # The entries RankContext.record made for this search alone: they become the
-            # models' own dicts.
-            h["components"] = {k: built_whole(ComponentScore, v) if tuple(v) == _RANK_SCORE
-                               else built(ComponentScore, v) for k, v in parts.items()}
-        hits.append(built_whole(Hit, h))
-    groups = fields.get("groups")
+        for k, v in parts.items():
+            parts[k] = _whole_component(v)
+    fields["hits"] = [_whole_hit(h) for h in hits]
+    groups = fields["groups"]
+    if groups is not None:
+        fields["groups"] = [built(DocumentGroup, g) for g in groups]
+    return _whole_response(fields)
+
+
+def _component_models(parts: dict) -> dict:
+    return {k: _whole_component(v) for k, v in parts.items()}
+
+
+def _model_of_payload(payload: dict) -> SearchResponse:
+    """The model of a built-in mode's payload, leaving the payload as it is (its inner
+    values are shared: neither side changes them)."""
+    hits = []
+    for h in payload["hits"]:
+        parts = h["components"]
+        hits.append(_whole_hit(dict(h, components=_component_models(parts)) if parts
+                               else dict(h)))
+    groups = payload["groups"]
     if groups is not None:
         groups = [built(DocumentGroup, g) for g in groups]
-    return built(SearchResponse, dict(fields, hits=hits, groups=groups))
+    return _whole_response(dict(payload, hits=hits, groups=groups))
 
 
-_RANK_SCORE = ("rank", "score")  # ComponentScore's fields, in order (RankContext.record)
+_whole_hit = whole_builder(Hit)
+_whole_component = whole_builder(ComponentScore)
+_whole_response = whole_builder(SearchResponse)
 
 
 def _ranking_depth(request: SearchRequest, mode_name: str) -> int:
@@ -376,7 +416,8 @@ def _rerank(collection, query, ranked, components):
     order = sorted(range(len(ids)), key=lambda i: (-float(scores[i]), rows[ids[i]][1]))
     out = []
     for i in order:
-        components.setdefault(ids[i], {})["rerank"] = {"score": float(scores[i])}
+        # Every field of ComponentScore, as the payload holds it (a reranker has no rank).
+        components.setdefault(ids[i], {})["rerank"] = {"rank": None, "score": float(scores[i])}
         out.append((ids[i], float(scores[i])))
     return out, reranker.model_name, len(ids)
 

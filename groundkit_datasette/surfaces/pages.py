@@ -16,6 +16,7 @@ from datasette.utils.asgi import Response
 from markupsafe import Markup, escape
 
 from ..retrieval.bm25 import STOP_WORDS, tokenize
+from . import serialize
 from .service import ToolContext, call_tool
 from .tools import BUILTIN_TOOLS, Tool, all_tools
 
@@ -512,6 +513,7 @@ def html_view(tool: Tool):
                 arguments["mode"] = "bm25"  # the one mode that works here (the form shows it)
         if error is None and submitted:
             response, error = await call_tool(tool, ctx, collection, arguments)
+            response = serialize.model(response)  # a search's plain values: the model
         builder = _CONTEXT.get(tool.name) if tool in BUILTIN_TOOLS else None
         # The search form stays up beside its error, to correct the request.
         if builder is not None and (error is None or tool.name == "search"):

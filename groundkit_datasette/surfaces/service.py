@@ -369,8 +369,9 @@ class ToolContext:
 
 
 def result_count(response) -> int | None:
+    plain = getattr(response, "payload", None)  # a PlainResponse (retrieval/models.py)
     for attr in ("hits", "collections", "results"):
-        value = getattr(response, attr, None)
+        value = plain.get(attr) if isinstance(plain, dict) else getattr(response, attr, None)
         if value is not None:
             return len(value)
     return 1 if response is not None else None

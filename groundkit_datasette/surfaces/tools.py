@@ -124,8 +124,13 @@ async def _index_status(ctx, collection, request):
 
 
 async def _search(ctx, collection, request):
+    """The response as plain values (a ``PlainResponse``): the JSON API and MCP write them as
+    they are; the HTML page asks for the model (surfaces/serialize.py)."""
+    from ..retrieval.search import search_plain
+
     col = await ctx.collection(collection)
-    return await ctx.run(ctx.scoped(col).search, request)
+    scoped = ctx.scoped(col)
+    return await ctx.run(lambda: search_plain(col, request, scoped.access()))
 
 
 async def _verify_quote(ctx, collection, request):
