@@ -134,8 +134,8 @@ def worker(engine: str, spec_file: str) -> dict:
             return bm25.score(col._conn, q)
 
         # The fixed cost of a response: from ranked row ids to serialised JSON, as run_search
-        # and the JSON API do it (one lookup by row id, hits built without re-validation,
-        # surfaces/serialize.py's body: the bytes the JSON API sends).
+        # and the JSON API do it (one lookup by row id, hits as plain dicts never validated
+        # again, surfaces/serialize.py's body: the bytes the JSON API sends; adr/0038).
         from groundkit_datasette.retrieval import search as _search
         from groundkit_datasette.surfaces import serialize as _serialize
 
@@ -146,39 +146,68 @@ def worker(engine: str, spec_file: str) -> dict:
 
         ranked_ids = {q: rank_only(q) for q in queries}
 
-        def built(q):  # ranked row ids to the response model, as run_search builds it
+        def fields(q):  # ranked row ids to the response's fields, as run_search builds them
             ids, scores = ranked_ids[q]
-            rows = _search.hit_rows(col, "id", ids)
-            by_id = {r[14]: r for r in rows}
-            ranked_list = [(by_id[i][0], s) for i, s in zip(ids, scores)]
+            rows = _search.hit_rows(col, "id", ids)  # in the order of ids
+            ranked_list = [(r[0], s) for r, s in zip(rows, scores)]
+            # RankContext.record's components (every ComponentScore field)
             comps = {cid: {"bm25": {"rank": n, "score": s}} for n, (cid, s) in enumerate(ranked_list, 1)}
             hits, _rows = _search._hits(col, ranked_list[:TOP_K], comps, 1, {r[0]: r for r in rows})
-            return _search.build_response(dict(
+            return dict(
                 collection=col.name, mode="bm25", generation=col.generation, top_k=TOP_K, offset=0,
                 next_offset=TOP_K if len(ids) > TOP_K else None,
-                top_score=scores[0] if scores else None, timings_ms={"total_ms": 0.0}, hits=hits,
-            ), trusted=True)
+                top_score=scores[0] if scores else None, groups=None, reranked=False,
+                rerank_model=None, rerank_depth=None, complete=True, lexical_match=True, note=None,
+                timings_ms={"total_ms": 0.0}, hits=hits)
 
-        def response(q):
+        def built(q):  # the response model (the Python API's answer)
+            return _search.build_response(fields(q), trusted=True)
+
+        def response(q):  # the JSON API's body: plain values written by orjson
+            return _serialize.body(_search.plain_response(fields(q), True))
+
+        def response_payload(q):  # MCP's structured result: the same plain values
+            return _serialize.payload(_search.plain_response(fields(q), True))
+
+        def response_models(q):  # the body from the models (model_dump_json): before adr/0038
             return _serialize.body(built(q))
 
         def response_before(q):  # the JSON API's body before serialize.py: json.dumps of a dict
             return json.dumps(built(q).model_dump(mode="json")).encode()
 
+        def response_orjson_whole(q):  # orjson over the whole payload, no kept citation text
+            import orjson
+
+            return orjson.dumps(fields(q))
+
+        def response_stdlib(q):  # the plain values written by the standard library instead
+            return json.dumps(fields(q), ensure_ascii=False, separators=(",", ":")).encode()
+
         def no_stale_check(collection, rows):
             return {r[1]: None for r in rows}
 
-        def response_unchecked(q):
-            # The stale check left out (not by clearing the base directory: that would drop
-            # the open collection's kept stat answers for every other variant too).
-            saved, _search._source_changed = _search._source_changed, no_stale_check
-            try:
-                return response(q)
-            finally:
-                _search._source_changed = saved
+        def unchecked(fn):
+            def run(q):
+                # The stale check left out (not by clearing the base directory: that would drop
+                # the open collection's kept stat answers for every other variant too).
+                saved, _search._source_changed = _search._source_changed, no_stale_check
+                try:
+                    return fn(q)
+                finally:
+                    _search._source_changed = saved
+            return run
 
-        def search_json(q):  # the bytes the JSON API sends (MCP hands over serialize.payload)
-            return _serialize.body(search(q))
+        response_unchecked = unchecked(response)
+
+        from groundkit_datasette.retrieval.models import SearchRequest
+
+        requests = {q: SearchRequest(query=q, mode="bm25", top_k=TOP_K) for q in queries}
+
+        def search_json(q):  # the bytes the JSON API sends: the surfaces' plain path
+            return _serialize.body(_search.search_plain(col, requests[q]))
+
+        def search_mcp(q):  # MCP's structured result from the same path
+            return _serialize.payload(_search.search_plain(col, requests[q]))
 
         def search_no_matches(q):  # issue 15: matched_terms and lexical_match left out
             saved, _search._add_matches = _search._add_matches, _no_matches
@@ -200,11 +229,16 @@ def worker(engine: str, spec_file: str) -> dict:
         search_rows_uncached, response_uncached = uncached(search), uncached(response)
 
         variants = {
-            "search": search, "search + JSON body": search_json,
+            "search": search, "search + JSON body": search_json, "search, MCP payload": search_mcp,
             "search, matched_terms off": search_no_matches,
             "search, hit rows not cached": search_rows_uncached,
             "score+rank": ranked, "rank to row ids": rank_only, "score": score_only,
             "response": response, "response, no stale check": response_unchecked,
+            "response, MCP payload, no stale check": unchecked(response_payload),
+            "response, model (Python API), no stale check": unchecked(built),
+            "response, orjson of the whole payload, no stale check": unchecked(response_orjson_whole),
+            "response, stdlib json.dumps, no stale check": unchecked(response_stdlib),
+            "response, model_dump_json (before adr/0038), no stale check": unchecked(response_models),
             "response, json.dumps(model_dump) (JSON API before)": response_before,
             "response, hit rows from SQLite": response_uncached,
         }
@@ -445,16 +479,23 @@ def report_corpus(label, chunks, nq, results, ours_build_s) -> tuple[str, dict]:
         # Side by side, CPU time from the same run: each row against bm25s-numba's retrieve.
         side = []
         for label, target in (("search", 1.0), ("search + JSON body", 1.0),
+                              ("search, MCP payload", 1.0),
                               ("search, hit rows not cached", 1.0), ("rank to row ids", None),
                               ("search, matched_terms off", None)):
             r = cpu[label][0] / b
             side.append([f"ours: {label}", cpu[label][0], b, r,
                          "" if target is None else ("met" if r <= target else "MISSED")])
-        for label in ("response, no stale check", "response", "response, hit rows from SQLite",
+        for label in ("response, no stale check", "response, MCP payload, no stale check",
+                      "response, model (Python API), no stale check",
+                      "response, orjson of the whole payload, no stale check",
+                      "response, stdlib json.dumps, no stale check",
+                      "response, model_dump_json (before adr/0038), no stale check",
+                      "response", "response, hit rows from SQLite",
                       "response, json.dumps(model_dump) (JSON API before)"):
             side.append([f"ours: {label}", cpu[label][0], None, None,
                          ("met" if cpu[label][0] <= 0.030 else "MISSED")
-                         if label == "response, no stale check" else ""])
+                         if label in ("response, no stale check",
+                                      "response, MCP payload, no stale check") else ""])
         text.append("CPU ms per query, p50 (same process; response rows: target 0.030 ms)\n" + c.table(
             ["what", "ours", "bm25s-numba", "ratio", "target"], side))
         summary.update(cpu={k: val[0] for k, val in cpu.items()},

@@ -225,7 +225,13 @@ def search_plain(collection, request: SearchRequest, access=None) -> PlainRespon
     (``model_dump(mode="json")`` of the model :func:`run_search` returns), the model built
     only if a caller asks (``.model()``, the HTML page). A plugin's mode is validated into
     the model first and its payload dumped from it."""
-    fields, trusted = _search(collection, request, access)
+    return plain_response(*_search(collection, request, access))
+
+
+def plain_response(fields: dict, trusted: bool) -> PlainResponse:
+    """:func:`build_response`'s twin for the surfaces: ``fields`` as they are when a
+    built-in mode ranked them (every field, in order, already JSON values), else the
+    validated model's dump."""
     if not trusted:
         model = SearchResponse(**fields)
         return PlainResponse(model.model_dump(mode="json"), model=model)

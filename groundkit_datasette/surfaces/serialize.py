@@ -33,9 +33,8 @@ def payload(response) -> dict:
 def body(response) -> bytes:
     """The JSON text of a response, as bytes: the JSON API's body."""
     if type(response) is PlainResponse:
-        dumps = _orjson_dumps or _load_orjson()
         try:
-            return dumps(response.payload)
+            return (_orjson_dumps or _load_orjson())(response.payload)
         except TypeError:  # a value orjson does not write (orjson.JSONEncodeError is one)
             response = response.model()
     try:
