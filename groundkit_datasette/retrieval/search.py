@@ -255,7 +255,7 @@ def _search(collection, request: SearchRequest, access):
     if mode.needs_vectors and request.vector is None:
         collection.prefetch()  # a fresh process loads the query model while BM25 ranks
     ranked = mode.rank(ctx)
-    builtin = mode in BUILTIN_MODES
+    builtin = _BUILTIN_BY_NAME.get(name) is mode  # not ``in``: that compares dataclasses
     # Hit rows a built-in ranker read along with its ranking (one lookup by row id).
     prefetched = getattr(ranked, "rows", None) if builtin else None
     if not builtin:  # the built-in rankers filter before ranking
@@ -354,8 +354,6 @@ def _ranking_depth(request: SearchRequest, mode_name: str) -> int:
     comes from the reranked MAX_TOP_K: ranking deeper would change their order, so pages
     stop there instead.
     """
-    from .modes import HYBRID_DEPTH
-
     window = request.offset + request.top_k
     if request.rerank:
         if window > MAX_TOP_K:
