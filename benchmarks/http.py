@@ -156,26 +156,34 @@ def library(col, mode: str, queries: list[str], clients: int, total: int, time_l
 
 
 def serialisation(col, mode: str, queries: list[str], passes: int = 5) -> list[list]:
-    """The JSON API's body now (``surfaces/serialize.py``: pydantic's compiled serializer)
-    against what it was (``json.dumps`` of ``model_dump(mode="json")``, Datasette's
-    ``Response.json``), over the same responses; the two parse to the same value."""
+    """The JSON API's body now (``surfaces/serialize.py`` over the search's plain values,
+    orjson: adr/0038) against the two ways before it, over the same searches: pydantic's
+    compiled serializer over the models (adr/0036) and ``json.dumps`` of
+    ``model_dump(mode="json")`` (Datasette's ``Response.json``); all parse to the same value."""
+    from groundkit_datasette.retrieval.models import SearchRequest
+    from groundkit_datasette.retrieval.search import search_plain
     from groundkit_datasette.surfaces import serialize
 
-    responses = [col.search(query=q, mode=mode) for q in queries]
-    ways = {"serialize.body (model_dump_json)": serialize.body,
+    requests = [SearchRequest(query=q, mode=mode) for q in queries]
+    plain = [search_plain(col, r) for r in requests]
+    models = [p.model() for p in plain]
+    ways = {"serialize.body (plain values, orjson)": (serialize.body, plain),
+            "serialize.body of the models (model_dump_json)": (serialize.body, models),
             "json.dumps(model_dump(mode='json')) (before)":
-                lambda r: json.dumps(r.model_dump(mode="json")).encode()}
-    for r in responses[:20]:
-        assert json.loads(serialize.body(r)) == json.loads(ways[list(ways)[1]](r))
+                (lambda r: json.dumps(r.model_dump(mode="json")).encode(), models)}
+    for p, m in list(zip(plain, models))[:20]:
+        assert json.loads(serialize.body(p)) == json.loads(serialize.body(m)) == \
+            json.loads(json.dumps(m.model_dump(mode="json")))
     cpu = {k: [] for k in ways}
     for n in range(passes):
         for label in (list(ways) if n % 2 == 0 else list(ways)[::-1]):
+            fn, responses = ways[label]
             for r in responses:
                 t = time.process_time()
-                ways[label](r)
+                fn(r)
                 cpu[label].append((time.process_time() - t) * 1000)
     p50 = {k: c.percentile(v, 0.5) for k, v in cpu.items()}
-    before = p50[list(ways)[1]]
+    before = p50[list(ways)[-1]]
     return [[k, v, c.ratio(v, before)] for k, v in p50.items()]
 
 
