@@ -204,6 +204,46 @@ class StaleCheck:
         return out
 
 
+    def changed_documents(self, rows) -> dict:
+        """:meth:`changed` for a search's hit rows (document id, source, recorded size and
+        mtime at 1, 2, 12 and 13), by document id in the order of first appearance: one pass
+        over the rows, each document's kept answer read directly; only the documents without
+        one go through :meth:`changed` (a ``stat``)."""
+        if self.base_dir is None:
+            return {r[1]: None for r in rows}
+        base = self._real_base()
+        if base is None:
+            return {r[1]: None if r[12] is None or r[13] is None else True for r in rows}
+        watcher = _watcher() if self._local else None
+        epoch = watcher.poll() if watcher is not None else None  # before any answer is used
+        now = time.monotonic()
+        paths, known = self._paths, self._known
+        out: dict = {}
+        rest = []
+        for r in rows:
+            doc = r[1]
+            if doc in out:
+                continue
+            size, mtime_ns = r[12], r[13]
+            if size is None or mtime_ns is None:
+                out[doc] = None
+                continue
+            entry = paths.get(r[2])
+            seen = known.get(entry[0]) if entry is not None and entry[0] is not None else None
+            # Kept answers carry the epoch they were read in (never None: without a watcher
+            # nothing is kept), so a None epoch always takes the slow path.
+            if seen is not None and seen[1] == epoch and now < seen[2]:
+                found = seen[0]
+                out[doc] = found is None or found[0] != size or found[1] != mtime_ns
+            else:
+                out[doc] = None  # its place in the order; answered below
+                rest.append(r)
+        if rest:
+            for r, answer in zip(rest, self.changed([(r[2], r[12], r[13]) for r in rest])):
+                out[r[1]] = answer
+        return out
+
+
 def _path_entry(base: str, source):
     """``(path, what to watch)`` of a source: the directories on its path and the file itself
     (a write through another hard link reaches the file's own watch); ``(None, ())`` when it is

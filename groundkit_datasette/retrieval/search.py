@@ -205,8 +205,7 @@ def _source_changed(collection, rows) -> dict:
     check = collection.__dict__.get("_stale_check")
     if check is None or check.base_dir is not collection.base_dir:
         check = collection.__dict__["_stale_check"] = StaleCheck(collection.base_dir)
-    docs = {r[1]: (r[2], r[12], r[13]) for r in rows}
-    return dict(zip(docs, check.changed(docs.values())))
+    return check.changed_documents(rows)
 
 
 def run_search(collection, request: SearchRequest, access=None) -> SearchResponse:

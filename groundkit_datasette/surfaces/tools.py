@@ -21,6 +21,7 @@ from ..retrieval.models import (
     FetchDocumentRequest,
     IndexStatus,
     ListCollectionsRequest,
+    PlainResponse,
     SearchRequest,
     SearchResponse,
     StatusRequest,
@@ -58,7 +59,8 @@ class Tool:
     summary: str
     request_model: type[BaseModel]
     response_model: type[BaseModel]
-    handler: Callable[..., Awaitable[BaseModel]]
+    # A response model, or a PlainResponse (its JSON values; the built-in search: adr/0038).
+    handler: Callable[..., Awaitable[BaseModel | PlainResponse]]
     scope: Literal["instance", "collection"]
     json_route: str
     html_route: str | None = None
