@@ -363,10 +363,14 @@ async def test_call_lines_go_to_stderr_with_a_plain_handler_of_their_own(ds, cap
     # Exactly one of ours (pytest's capture handlers may sit beside it).
     assert [type(h).__name__ for h in access.handlers].count("_StderrHandler") == 1
     capfd.readouterr()
-    await post_json(ds, "/energy/-/groundkit/search.json", {"query": "batteries"})
+    r = await post_json(ds, "/energy/-/groundkit/search.json",
+                        {"query": "batteries solar wind hydro", "mode": "bm25"})
     out, err = capfd.readouterr()
     assert "tool=search" in err and "status=200" in err and "tool=search" not in out
     assert "batteries" not in err
+    # The count of what was answered: the hits, also now that a search answers plain values.
+    hits = r.json()["hits"]
+    assert len(hits) > 1 and f"results={len(hits)}" in err
 
 
 def test_a_configured_call_logger_is_left_alone():

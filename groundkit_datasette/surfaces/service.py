@@ -20,7 +20,7 @@ from ..errors import ErrorInfo  # noqa: F401  (the error body of every surface)
 from ..security.auth import OIDCConfig, StaticToken, parse_oidc, parse_tokens
 from ..retrieval.collection import Collection
 from ..logs import REQUEST_LINE
-from ..retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, SearchRequest
+from ..retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, PlainResponse, SearchRequest
 from ..collection.names import validate_name
 from ..collection.schema import is_collection_file
 
@@ -369,9 +369,10 @@ class ToolContext:
 
 
 def result_count(response) -> int | None:
-    plain = getattr(response, "payload", None)  # a PlainResponse (retrieval/models.py)
+    # A PlainResponse (retrieval/models.py) holds its values in ``payload``.
+    plain = response.payload if type(response) is PlainResponse else None
     for attr in ("hits", "collections", "results"):
-        value = plain.get(attr) if isinstance(plain, dict) else getattr(response, attr, None)
+        value = plain.get(attr) if plain is not None else getattr(response, attr, None)
         if value is not None:
             return len(value)
     return 1 if response is not None else None
