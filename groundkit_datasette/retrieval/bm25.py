@@ -85,18 +85,22 @@ def tie_ranks(conn: sqlite3.Connection) -> np.ndarray | None:
 
 class Postings:
     """One term's postings as read from the file: chunk row ids (ascending) and weights, plus
-    the order statistic the top-k cut needs (:meth:`kth`), derived in memory on first use.
-    Unpacks as ``ids, weights``."""
+    what the ranking derives from them in memory on first use: the order statistic of the
+    top-k cut (:meth:`kth`), the ids as numpy's index type (:meth:`rows`) and the term's best
+    chunks in rank order (:meth:`head`). Unpacks as ``ids, weights``."""
 
-    __slots__ = ("ids", "weights", "_top", "_rows")
-    # How many of a term's largest weights are kept (sorted) for :meth:`kth`.
+    __slots__ = ("ids", "weights", "last", "_top", "_rows", "_head")
+    # How many of a term's largest weights are kept (sorted) for :meth:`kth`, and at least how
+    # many of its chunks :meth:`head` keeps in rank order.
     TOP_KEPT = 128
 
     def __init__(self, ids: np.ndarray, weights: np.ndarray):
         self.ids = ids
         self.weights = weights
+        self.last = int(ids[-1]) if ids.size else -1  # the highest row id (ids ascend)
         self._top = None
         self._rows = None
+        self._head = None
 
     def __iter__(self):
         return iter((self.ids, self.weights))
@@ -120,6 +124,21 @@ class Postings:
             self._top = top
         return top[k - 1] if 0 < k <= top.size else np.float32(0)
 
+    def head(self, ranks: np.ndarray):
+        """``(row ids, scores)`` as lists of this term's chunks in rank order (weight
+        descending, then tie rank), at least its ``TOP_KEPT`` best (every chunk tied with the
+        last is kept): the whole ranking of a one-term query down to that depth, derived once.
+        ``ranks`` is the collection's tie order (one per open collection, as this cache is)."""
+        head = self._head
+        if head is None:
+            ids, weights = self.ids, self.weights
+            if ids.size > self.TOP_KEPT:
+                keep = np.flatnonzero(weights >= self.kth(self.TOP_KEPT))
+                ids, weights = ids[keep], weights[keep]
+            order = np.lexsort((ranks[ids], -weights))
+            head = self._head = (ids[order].tolist(), weights[order].tolist())
+        return head
+
 
 def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
     """``{term: Postings or None}`` read from the postings."""
@@ -138,16 +157,46 @@ def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
 def _query_postings(conn, query: str, cache: dict | None):
     """The query's terms that occur, as ``(postings, repeats)`` in sorted term order (the
     order their weights are summed in: every scorer here adds them in this order)."""
-    tokens = [t for _, t in query_words(query)]  # tokenize(query), kept for matched_terms
-    terms = sorted(set(tokens))
+    terms, counts = query_terms(query)
     if not terms:
         return [], []
-    # A word the query repeats counts as often as it is repeated (as in Lucene and bm25s):
-    # in a long, natural-language query the repeated words carry the topic.
-    counts = Counter(tokens) if len(terms) < len(tokens) else None
-    resolved = _postings_of(conn, terms, cache)
-    present = [t for t in terms if resolved[t] is not None]
-    return [resolved[t] for t in present], [counts[t] for t in present] if counts else [1] * len(present)
+    postings, repeats = _present(conn, terms, counts, cache)
+    return postings, repeats or [1] * len(postings)
+
+
+@lru_cache(maxsize=1024)  # beside query_words: the ranking's view of the same tokens
+def query_terms(query: str) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
+    """The query's distinct terms in sorted order (the order their weights are summed in),
+    and how often the query repeats each one (None when no term is repeated). A word the query
+    repeats counts as often as it is repeated (as in Lucene and bm25s): in a long,
+    natural-language query the repeated words carry the topic."""
+    tokens = [t for _, t in query_words(query)]  # tokenize(query), kept for matched_terms
+    terms = tuple(sorted(set(tokens)))
+    if len(terms) == len(tokens):
+        return terms, None
+    counts = Counter(tokens)
+    return terms, tuple(counts[t] for t in terms)
+
+
+_ABSENT = object()  # not in the postings cache (None there: not in the collection)
+
+
+def _present(conn, terms: tuple, counts: tuple | None, cache: dict | None):
+    """``(postings, repeats)`` of the ``terms`` the collection holds, in the order given;
+    ``repeats`` is None when ``counts`` is (every term once)."""
+    if cache is not None:
+        get = cache.get
+        found = [get(t, _ABSENT) for t in terms]
+        if _ABSENT in found:
+            resolved = _postings_of(conn, list(terms), cache)
+            found = [resolved[t] for t in terms]
+    else:
+        resolved = _fetch(conn, list(terms))
+        found = [resolved[t] for t in terms]
+    if counts is None:
+        return [p for p in found if p is not None], None
+    kept = [(p, n) for p, n in zip(found, counts) if p is not None]
+    return [p for p, _ in kept], [n for _, n in kept]
 
 
 def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
@@ -176,7 +225,13 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
 
 # Below this many postings per accumulator slot a query is scored sparsely (touched slots
 # only); above it, a scan of the whole accumulator is cheaper than sorting the touched ids.
+# Under SPARSE_MIN_SLOTS slots the scan is a few microseconds, always cheaper than the
+# sparse path's extra numpy calls.
 SPARSE_FRACTION = 1 / 32
+SPARSE_MIN_SLOTS = 65_536
+# From this many postings a term is added with ``np.add.at`` (one pass; about 1.8x faster
+# on long lists) rather than ``acc[rows] += w`` (gather, add, scatter: cheaper on short ones).
+ADD_AT_MIN = 1_000
 
 
 def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict | None = None):
@@ -192,15 +247,22 @@ def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict
     postings, repeats = _query_postings(conn, query, cache)
     if not postings:
         return np.empty(0, np.int64), np.empty(0, np.float32)
-    floor = max(p.kth(depth) * np.float32(n) for p, n in zip(postings, repeats))
+    return _candidates(postings, repeats, depth, cache)
+
+
+def _candidates(postings, repeats, depth, cache):
+    if repeats is None:
+        floor = max(p.kth(depth) for p in postings)
+    else:
+        floor = max(p.kth(depth) * np.float32(n) for p, n in zip(postings, repeats))
     if len(postings) == 1:
         ids, weights = postings[0]
-        scores = weights * np.float32(repeats[0]) if repeats[0] != 1 else weights
+        scores = weights * np.float32(repeats[0]) if repeats and repeats[0] != 1 else weights
         if floor > 0:
             keep = np.flatnonzero(scores >= floor)
             return ids[keep].astype(np.int64), scores[keep]
         return ids.astype(np.int64), scores.copy()
-    top = max(int(ids[-1]) for ids, _ in postings if ids.size) + 1
+    top = max(p.last for p in postings) + 1
     acc, mask = _buffers(cache, top)
     acc = acc[:top]
     try:
@@ -210,15 +272,55 @@ def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict
         raise
 
 
+def top_rows(conn: sqlite3.Connection, query: str, depth: int, cache: dict | None,
+             ranks: np.ndarray) -> tuple[list[int], list[float]]:
+    """The top ``depth`` as ``([chunk row id], [score])`` in rank order: score descending,
+    then ``ranks`` (the collection's tie order, :func:`tie_ranks`). For a search with nothing
+    hidden; the same chunks, scores and order as ranking :func:`score`'s output.
+
+    A one-term query (the term once) is a prefix of the term's own ranking, derived once per
+    cached term (:meth:`Postings.head`); others are cut by :func:`top_candidates`'s bound and
+    ordered. See adr/0038-rank-per-query-overhead.md."""
+    terms, counts = query_terms(query)
+    if not terms:
+        return [], []
+    postings, repeats = _present(conn, terms, counts, cache)
+    if not postings:
+        return [], []
+    if len(postings) == 1 and repeats is None and depth <= Postings.TOP_KEPT:
+        ids, scores = postings[0].head(ranks)
+        return ids[:depth], scores[:depth]
+    ids, scores = _candidates(postings, repeats, depth, cache)
+    return in_rank_order(ids, scores, depth, ranks)
+
+
+def in_rank_order(ids: np.ndarray, scores: np.ndarray, depth: int, ranks: np.ndarray):
+    """The top ``depth`` of ``(ids, scores)`` as lists: score descending, then tie rank."""
+    if ids.size > depth:
+        kth = np.partition(scores, ids.size - depth)[ids.size - depth]
+        sel = scores >= kth
+        ids, scores = ids[sel], scores[sel]
+    order = np.lexsort((ranks[ids], -scores))[:depth]
+    return ids[order].tolist(), scores[order].tolist()
+
+
 def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
     touched = sum(p.ids.size for p in postings)
-    sparse = touched < top * SPARSE_FRACTION
-    for p, n in zip(postings, repeats):  # the same sums, in the same order, as score()
-        weights = p.weights
-        acc[p.ids if sparse else p.rows()] += (
-            weights if n == 1 else weights * np.float32(n))
+    sparse = top >= SPARSE_MIN_SLOTS and touched < top * SPARSE_FRACTION
+    # The same sums, in the same order, as score(): the accumulator is zero, so the first
+    # term's weights are stored (0 + w is w), and the others added in sorted term order.
+    for j, p in enumerate(postings):
+        n = repeats[j] if repeats is not None else 1
+        weights = p.weights if n == 1 else p.weights * np.float32(n)
+        rows = p.rows()
+        if not j:
+            acc[rows] = weights
+        elif rows.size >= ADD_AT_MIN:
+            np.add.at(acc, rows, weights)
+        else:
+            acc[rows] += weights
     if sparse:
-        every = np.concatenate([ids for ids, _ in postings])
+        every = np.concatenate([p.rows() for p in postings])
         reached = every[acc[every] >= floor] if floor > 0 else every
         hit = _distinct(reached)
         scores = acc[hit]

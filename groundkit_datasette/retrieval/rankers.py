@@ -137,22 +137,16 @@ def bm25_top_rows(collection, query, depth, allowed):
             return None
         if allowed is None:
             # Nothing hidden: only the chunks that can reach the top ``depth`` are scored.
-            ids, scores = bm25.top_candidates(collection._conn, query, depth,
-                                              collection.postings_cache)
-        else:
-            hidden = allowed.hidden
-            total = collection.chunk_total() if hidden is not None else None
-            ids, scores = bm25.score(collection._conn, query, collection.postings_cache,
-                                     hidden, total)
-    if allowed is not None and ids.size:
+            return bm25.top_rows(collection._conn, query, depth, collection.postings_cache,
+                                 ranks)
+        hidden = allowed.hidden
+        total = collection.chunk_total() if hidden is not None else None
+        ids, scores = bm25.score(collection._conn, query, collection.postings_cache,
+                                 hidden, total)
+    if ids.size:
         keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
         ids, scores = ids[keep], scores[keep]
-    if ids.size > depth:
-        kth = np.partition(scores, ids.size - depth)[ids.size - depth]
-        sel = scores >= kth
-        ids, scores = ids[sel], scores[sel]
-    order = np.lexsort((ranks[ids], -scores))[:depth]
-    return ids[order].tolist(), scores[order].tolist()
+    return bm25.in_rank_order(ids, scores, depth, ranks)
 
 
 def _bm25_ranked_by_hash(collection, query, depth, allowed):
