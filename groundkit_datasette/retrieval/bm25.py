@@ -89,7 +89,7 @@ class Postings:
     top-k cut (:meth:`kth`), the ids as numpy's index type (:meth:`rows`) and the term's best
     chunks in rank order (:meth:`head`). Unpacks as ``ids, weights``."""
 
-    __slots__ = ("ids", "weights", "last", "_top", "_rows", "_head")
+    __slots__ = ("ids", "weights", "last", "_top", "_rows", "_head", "_set")
     # How many of a term's largest weights are kept (sorted) for :meth:`kth`, and at least how
     # many of its chunks :meth:`head` keeps in rank order.
     TOP_KEPT = 128
@@ -101,6 +101,7 @@ class Postings:
         self._top = None
         self._rows = None
         self._head = None
+        self._set = None
 
     def __iter__(self):
         return iter((self.ids, self.weights))
@@ -123,6 +124,23 @@ class Postings:
             top = np.sort(np.partition(w, w.size - n)[w.size - n:])[::-1] if n else w[:0]
             self._top = top
         return top[k - 1] if 0 < k <= top.size else np.float32(0)
+
+    # Up to this many postings a term answers :meth:`holds` from a set of its ids.
+    SET_MAX = 256
+
+    def holds(self, rows: list[int], wanted: list) -> list[bool]:
+        """Whether each of ``rows`` (chunk row ids) has this term. ``wanted`` is a list the
+        caller shares between terms: the rows as an int32 array, made on first need."""
+        ids = self.ids
+        if ids.size <= self.SET_MAX:
+            members = self._set
+            if members is None:
+                members = self._set = frozenset(ids.tolist())
+            return [r in members for r in rows]
+        if not wanted:
+            wanted.append(np.array(rows, dtype=np.int32))  # row ids are below int32's limit
+        want = wanted[0]  # an id past the last posting finds the last one, and differs
+        return (ids.take(ids.searchsorted(want), mode="clip") == want).tolist()
 
     def head(self, ranks: np.ndarray):
         """``(row ids, scores)`` as lists of this term's chunks in rank order (weight
@@ -395,25 +413,38 @@ def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | N
     query order) whose term the chunk's indexed text holds: what BM25 matches there, for a
     hit of any mode.
 
-    Each term's postings hold its row ids ascending (as ``rebuild_postings`` writes them),
-    so one ``searchsorted`` of the hits' ids per term answers it, in time logarithmic in the
-    postings (the ids are looked up as int32, the postings' own type, so nothing is copied)."""
-    words = query_words(query)
-    rows = np.asarray(row_ids, dtype=np.int64)
-    if not words or not rows.size:
-        return [[] for _ in range(rows.size)]
-    postings = _postings_of(conn, sorted({t for _, t in words}), cache)
-    wanted = rows.astype(np.int32)  # row ids are SQLite's, below the postings' int32 limit
-    holds = {}
-    for term, found in postings.items():
-        if found is None or not found.ids.size:
-            continue
-        ids = found.ids  # an id past the last posting finds the last one, and differs
-        holds[term] = (ids.take(ids.searchsorted(wanted), mode="clip") == wanted).tolist()
-    pairs = [(w, holds[t]) for w, t in dict(words).items() if t in holds]
+    Each term answers for every row at once (:meth:`Postings.holds`): from a set of its row
+    ids when its list is short, else by one ``searchsorted`` of the rows in its ascending ids
+    (logarithmic in the postings)."""
+    terms, words = _match_plan(query)
+    rows = row_ids.tolist() if isinstance(row_ids, np.ndarray) else list(row_ids)
+    if not terms or not rows:
+        return [[] for _ in rows]
+    if cache is not None:
+        get = cache.get
+        found = [get(t, _ABSENT) for t in terms]
+        if _ABSENT in found:
+            resolved = _postings_of(conn, list(terms), cache)
+            found = [resolved[t] for t in terms]
+    else:
+        resolved = _fetch(conn, list(terms))
+        found = [resolved[t] for t in terms]
+    wanted = []  # the rows as int32 (the postings' own type: nothing is copied), made once
+    held = [p.holds(rows, wanted) if p is not None else None for p in found]
+    pairs = [(w, held[j]) for w, j in words if held[j] is not None]
     if not pairs:
-        return [[] for _ in range(rows.size)]
-    return [[w for w, held in pairs if held[i]] for i in range(rows.size)]
+        return [[] for _ in rows]
+    return [[w for w, h in pairs if h[i]] for i in range(len(rows))]
+
+
+@lru_cache(maxsize=1024)
+def _match_plan(query: str) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+    """The query's distinct terms (sorted) and each distinct word, in query order, with the
+    index of its term among them."""
+    words = query_words(query)
+    terms = tuple(sorted({t for _, t in words}))
+    index = {t: j for j, t in enumerate(terms)}
+    return terms, tuple((w, index[t]) for w, t in dict(words).items())
 
 
 def term_rows(conn: sqlite3.Connection, query: str, cache: dict | None = None) -> list[np.ndarray]:
