@@ -101,12 +101,13 @@ def bm25_ranked(collection, query, depth, allowed):
         return []
     if depth <= PREFETCH_DEPTH:
         rows = _search().hit_rows(collection, "id", rows_ids)  # in rank order
+        chunk_ids = [r[0] for r in rows]
         if len(rows) == len(rows_ids):
-            out = RankedHits(zip([r[0] for r in rows], score_list))
+            out = RankedHits(zip(chunk_ids, score_list))
         else:  # a row missing: fails below, as before, rather than shifting the ranking
             by_id = {r[14]: r for r in rows}
             out = RankedHits((by_id[i][0], s) for i, s in zip(rows_ids, score_list))
-        out.rows = {r[0]: r for r in rows}
+        out.rows = dict(zip(chunk_ids, rows))
         return out
     marks = ",".join("?" * len(rows_ids))
     chunk_ids = dict(
