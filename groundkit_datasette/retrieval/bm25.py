@@ -250,6 +250,10 @@ SPARSE_MIN_SLOTS = 65_536
 # From this many postings a term is added with ``np.add.at`` (one pass; about 1.8x faster
 # on long lists) rather than ``acc[rows] += w`` (gather, add, scatter: cheaper on short ones).
 ADD_AT_MIN = 1_000
+# A scatter too large for the sparse path still looks only at the postings of the terms a
+# chunk must hold to reach the cut (:func:`_essential`) when they are below this fraction of
+# the slots, rather than scanning every slot.
+ESSENTIAL_FRACTION = 1 / 32
 
 
 def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict | None = None):
@@ -332,16 +336,30 @@ def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
     sparse = top >= SPARSE_MIN_SLOTS and touched < top * SPARSE_FRACTION
     # The same sums, in the same order, as score(): the accumulator is zero, so the first
     # term's weights are stored (0 + w is w), and the others added in sorted term order.
-    for j, p in enumerate(postings):
+    # The first two may swap (float addition is commutative): the longer list is stored.
+    order = list(range(len(postings)))
+    if postings[1].ids.size > postings[0].ids.size:
+        order[0], order[1] = 1, 0
+    for i, j in enumerate(order):
+        p = postings[j]
         n = repeats[j] if repeats is not None else 1
         weights = p.weights if n == 1 else p.weights * np.float32(n)
         rows = p.rows()
-        if not j:
+        if not i:
             acc[rows] = weights
         elif rows.size >= ADD_AT_MIN:
             np.add.at(acc, rows, weights)
         else:
             acc[rows] += weights
+    if not sparse and top >= SPARSE_MIN_SLOTS and floor > 0:
+        essential = _essential(postings, repeats, floor)
+        if sum(postings[j].ids.size for j in essential) < top * ESSENTIAL_FRACTION:
+            # Every chunk reaching the cut holds an essential term: look only at theirs.
+            every = np.concatenate([postings[j].rows() for j in essential])
+            hit = _distinct(every[acc[every] >= floor])
+            scores = acc[hit]
+            acc.fill(0)
+            return hit.astype(np.int64), scores
     if sparse:
         every = np.concatenate([p.rows() for p in postings])
         reached = every[acc[every] >= floor] if floor > 0 else every
@@ -357,6 +375,29 @@ def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
     scores = acc[hit]
     acc.fill(0)
     return hit, scores
+
+
+# Relative slack on the bound of _essential for float32 rounding: a float32 sum of n
+# weights is within about n * 2**-24 of the exact sum, far inside this for any query.
+_SLACK = 1e-4
+
+
+def _essential(postings, repeats, floor) -> list[int]:
+    """The indices (ascending) of the terms a chunk must hold to reach ``floor`` (MaxScore):
+    the terms of smallest maximum weight are left out while their maxima together stay
+    under ``floor``, so a chunk holding none of the others scores under it."""
+    if len(postings) > 1_000:  # past what _SLACK covers: no term is left out
+        return list(range(len(postings)))
+    maxima = [float(p.kth(1)) * (repeats[j] if repeats is not None else 1)
+              for j, p in enumerate(postings)]
+    ranked = sorted(range(len(postings)), key=maxima.__getitem__)
+    rest, left_out = 0.0, 0
+    for j in ranked:
+        rest += maxima[j]
+        if rest * (1 + _SLACK) >= floor:
+            break
+        left_out += 1
+    return sorted(ranked[left_out:])
 
 
 def _distinct(ids: np.ndarray) -> np.ndarray:
