@@ -82,7 +82,7 @@ def test_every_path_ranks_as_the_reference_scorer(corpus):
 
 def test_matched_terms_equals_membership_in_the_postings(corpus):
     """Every row id (and ids outside the postings), given as a list and as an array, for
-    terms answered from a set (short lists) and by searchsorted (a list over 256)."""
+    terms answered from a set (short lists) and by searchsorted (a list over 64)."""
     with Collection.open("paths", index_dir=corpus) as col:
         top = col.query("SELECT max(id) FROM chunks")[0][0]
         rows = list(range(0, top + 3))
