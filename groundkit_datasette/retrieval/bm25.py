@@ -200,18 +200,22 @@ def query_terms(query: str) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
 _ABSENT = object()  # not in the postings cache (None there: not in the collection)
 
 
-def _present(conn, terms: tuple, counts: tuple | None, cache: dict | None):
-    """``(postings, repeats)`` of the ``terms`` the collection holds, in the order given;
-    ``repeats`` is None when ``counts`` is (every term once)."""
+def _lookup(conn, terms: tuple, cache: dict | None) -> list:
+    """``Postings`` (or None: not in the collection) of each of ``terms``, in order, through
+    the open collection's postings cache (see :func:`_postings_of`)."""
     if cache is not None:
         get = cache.get
         found = [get(t, _ABSENT) for t in terms]
-        if _ABSENT in found:
-            resolved = _postings_of(conn, list(terms), cache)
-            found = [resolved[t] for t in terms]
-    else:
-        resolved = _fetch(conn, list(terms))
-        found = [resolved[t] for t in terms]
+        if _ABSENT not in found:
+            return found
+    resolved = _postings_of(conn, list(terms), cache)
+    return [resolved[t] for t in terms]
+
+
+def _present(conn, terms: tuple, counts: tuple | None, cache: dict | None):
+    """``(postings, repeats)`` of the ``terms`` the collection holds, in the order given;
+    ``repeats`` is None when ``counts`` is (every term once)."""
+    found = _lookup(conn, terms, cache)
     if counts is None:
         return [p for p in found if p is not None], None
     kept = [(p, n) for p, n in zip(found, counts) if p is not None]
@@ -467,15 +471,7 @@ def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | N
     rows = row_ids.tolist() if isinstance(row_ids, np.ndarray) else list(row_ids)
     if not terms or not rows:
         return [[] for _ in rows]
-    if cache is not None:
-        get = cache.get
-        found = [get(t, _ABSENT) for t in terms]
-        if _ABSENT in found:
-            resolved = _postings_of(conn, list(terms), cache)
-            found = [resolved[t] for t in terms]
-    else:
-        resolved = _fetch(conn, list(terms))
-        found = [resolved[t] for t in terms]
+    found = _lookup(conn, terms, cache)
     wanted = []  # the rows as int32 (the postings' own type: nothing is copied), made once
     held = [p.holds(rows, wanted) if p is not None else None for p in found]
     pairs = [(w, held[j]) for w, j in words if held[j] is not None]
