@@ -73,13 +73,18 @@ def _queries(seed: int, n: int):
     return out + ["the and", "zzunknown", VOCAB[0], VOCAB[-1]]
 
 
-@pytest.mark.parametrize("sparse", [0.0, 10.0], ids=["dense-scan", "touched-slots"])
+@pytest.mark.parametrize("sparse, essential", [(0.0, 0.0), (10.0, 0.0), (0.0, 10.0)],
+                         ids=["dense-scan", "touched-slots", "essential-terms"])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_the_top_k_path_ranks_exactly_as_the_reference_scorer(tmp_path, monkeypatch, seed, sparse):
-    """Same chunks, same float32 scores, same tie order, at every depth and on both the
-    accumulator-scan and the touched-slots paths (the same open collection answers every
-    query, so a buffer left dirty by one query would show in the next)."""
+def test_the_top_k_path_ranks_exactly_as_the_reference_scorer(tmp_path, monkeypatch, seed,
+                                                             sparse, essential):
+    """Same chunks, same float32 scores, same tie order, at every depth and on each of the
+    accumulator's paths: the scan of every slot, the touched slots, the postings of the
+    essential terms only (the same open collection answers every query, so a buffer left
+    dirty by one query would show in the next)."""
     monkeypatch.setattr(bm25, "SPARSE_FRACTION", sparse)
+    monkeypatch.setattr(bm25, "ESSENTIAL_FRACTION", essential)
+    monkeypatch.setattr(bm25, "SPARSE_MIN_SLOTS", 0)  # these collections are small
     with _corpus(tmp_path, seed) as col:
         assert col.tie_ranks() is not None
         for query in _queries(seed, 60):

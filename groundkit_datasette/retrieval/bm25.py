@@ -85,18 +85,23 @@ def tie_ranks(conn: sqlite3.Connection) -> np.ndarray | None:
 
 class Postings:
     """One term's postings as read from the file: chunk row ids (ascending) and weights, plus
-    the order statistic the top-k cut needs (:meth:`kth`), derived in memory on first use.
-    Unpacks as ``ids, weights``."""
+    what the ranking derives from them in memory on first use: the order statistic of the
+    top-k cut (:meth:`kth`), the ids as numpy's index type (:meth:`rows`) and the term's best
+    chunks in rank order (:meth:`head`). Unpacks as ``ids, weights``."""
 
-    __slots__ = ("ids", "weights", "_top", "_rows")
-    # How many of a term's largest weights are kept (sorted) for :meth:`kth`.
+    __slots__ = ("ids", "weights", "last", "_top", "_rows", "_head", "_set")
+    # How many of a term's largest weights are kept (sorted) for :meth:`kth`, and at least how
+    # many of its chunks :meth:`head` keeps in rank order.
     TOP_KEPT = 128
 
     def __init__(self, ids: np.ndarray, weights: np.ndarray):
         self.ids = ids
         self.weights = weights
+        self.last = int(ids[-1]) if ids.size else -1  # the highest row id (ids ascend)
         self._top = None
         self._rows = None
+        self._head = None
+        self._set = None
 
     def __iter__(self):
         return iter((self.ids, self.weights))
@@ -120,6 +125,39 @@ class Postings:
             self._top = top
         return top[k - 1] if 0 < k <= top.size else np.float32(0)
 
+    # Up to this many postings a term answers :meth:`holds` from a set of its ids (about
+    # 4 kB kept per term; a few microseconds a search less than the searchsorted path).
+    SET_MAX = 64
+
+    def holds(self, rows: list[int], wanted: list) -> list[bool]:
+        """Whether each of ``rows`` (chunk row ids) has this term. ``wanted`` is a list the
+        caller shares between terms: the rows as an int32 array, made on first need."""
+        ids = self.ids
+        if ids.size <= self.SET_MAX:
+            members = self._set
+            if members is None:
+                members = self._set = frozenset(ids.tolist())
+            return [r in members for r in rows]
+        if not wanted:
+            wanted.append(np.array(rows, dtype=np.int32))  # row ids are below int32's limit
+        want = wanted[0]  # an id past the last posting finds the last one, and differs
+        return (ids.take(ids.searchsorted(want), mode="clip") == want).tolist()
+
+    def head(self, ranks: np.ndarray):
+        """``(row ids, scores)`` (arrays) of this term's chunks in rank order (weight
+        descending, then tie rank), at least its ``TOP_KEPT`` best (every chunk tied with the
+        last is kept): the whole ranking of a one-term query down to that depth, derived once.
+        ``ranks`` is the collection's tie order (one per open collection, as this cache is)."""
+        head = self._head
+        if head is None:
+            ids, weights = self.ids, self.weights
+            if ids.size > self.TOP_KEPT:
+                keep = np.flatnonzero(weights >= self.kth(self.TOP_KEPT))
+                ids, weights = ids[keep], weights[keep]
+            order = np.lexsort((ranks[ids], -weights))
+            head = self._head = (ids[order], weights[order])
+        return head
+
 
 def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
     """``{term: Postings or None}`` read from the postings."""
@@ -138,16 +176,50 @@ def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
 def _query_postings(conn, query: str, cache: dict | None):
     """The query's terms that occur, as ``(postings, repeats)`` in sorted term order (the
     order their weights are summed in: every scorer here adds them in this order)."""
-    tokens = [t for _, t in query_words(query)]  # tokenize(query), kept for matched_terms
-    terms = sorted(set(tokens))
+    terms, counts = query_terms(query)
     if not terms:
         return [], []
-    # A word the query repeats counts as often as it is repeated (as in Lucene and bm25s):
-    # in a long, natural-language query the repeated words carry the topic.
-    counts = Counter(tokens) if len(terms) < len(tokens) else None
-    resolved = _postings_of(conn, terms, cache)
-    present = [t for t in terms if resolved[t] is not None]
-    return [resolved[t] for t in present], [counts[t] for t in present] if counts else [1] * len(present)
+    postings, repeats = _present(conn, terms, counts, cache)
+    return postings, repeats or [1] * len(postings)
+
+
+@lru_cache(maxsize=1024)  # beside query_words: the ranking's view of the same tokens
+def query_terms(query: str) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
+    """The query's distinct terms in sorted order (the order their weights are summed in),
+    and how often the query repeats each one (None when no term is repeated). A word the query
+    repeats counts as often as it is repeated (as in Lucene and bm25s): in a long,
+    natural-language query the repeated words carry the topic."""
+    tokens = [t for _, t in query_words(query)]  # tokenize(query), kept for matched_terms
+    terms = tuple(sorted(set(tokens)))
+    if len(terms) == len(tokens):
+        return terms, None
+    counts = Counter(tokens)
+    return terms, tuple(counts[t] for t in terms)
+
+
+_ABSENT = object()  # not in the postings cache (None there: not in the collection)
+
+
+def _lookup(conn, terms: tuple, cache: dict | None) -> list:
+    """``Postings`` (or None: not in the collection) of each of ``terms``, in order, through
+    the open collection's postings cache (see :func:`_postings_of`)."""
+    if cache is not None:
+        get = cache.get
+        found = [get(t, _ABSENT) for t in terms]
+        if _ABSENT not in found:
+            return found
+    resolved = _postings_of(conn, list(terms), cache)
+    return [resolved[t] for t in terms]
+
+
+def _present(conn, terms: tuple, counts: tuple | None, cache: dict | None):
+    """``(postings, repeats)`` of the ``terms`` the collection holds, in the order given;
+    ``repeats`` is None when ``counts`` is (every term once)."""
+    found = _lookup(conn, terms, cache)
+    if counts is None:
+        return [p for p in found if p is not None], None
+    kept = [(p, n) for p, n in zip(found, counts) if p is not None]
+    return [p for p, _ in kept], [n for _, n in kept]
 
 
 def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
@@ -176,7 +248,17 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
 
 # Below this many postings per accumulator slot a query is scored sparsely (touched slots
 # only); above it, a scan of the whole accumulator is cheaper than sorting the touched ids.
+# Under SPARSE_MIN_SLOTS slots the scan is a few microseconds, always cheaper than the
+# sparse path's extra numpy calls.
 SPARSE_FRACTION = 1 / 32
+SPARSE_MIN_SLOTS = 65_536
+# From this many postings a term is added with ``np.add.at`` (one pass; about 1.8x faster
+# on long lists) rather than ``acc[rows] += w`` (gather, add, scatter: cheaper on short ones).
+ADD_AT_MIN = 1_000
+# A scatter too large for the sparse path still looks only at the postings of the terms a
+# chunk must hold to reach the cut (:func:`_essential`) when they are below this fraction of
+# the slots, rather than scanning every slot.
+ESSENTIAL_FRACTION = 1 / 32
 
 
 def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict | None = None):
@@ -192,15 +274,22 @@ def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict
     postings, repeats = _query_postings(conn, query, cache)
     if not postings:
         return np.empty(0, np.int64), np.empty(0, np.float32)
-    floor = max(p.kth(depth) * np.float32(n) for p, n in zip(postings, repeats))
+    return _candidates(postings, repeats, depth, cache)
+
+
+def _candidates(postings, repeats, depth, cache):
+    if repeats is None:
+        floor = max(p.kth(depth) for p in postings)
+    else:
+        floor = max(p.kth(depth) * np.float32(n) for p, n in zip(postings, repeats))
     if len(postings) == 1:
         ids, weights = postings[0]
-        scores = weights * np.float32(repeats[0]) if repeats[0] != 1 else weights
+        scores = weights * np.float32(repeats[0]) if repeats and repeats[0] != 1 else weights
         if floor > 0:
             keep = np.flatnonzero(scores >= floor)
             return ids[keep].astype(np.int64), scores[keep]
         return ids.astype(np.int64), scores.copy()
-    top = max(int(ids[-1]) for ids, _ in postings if ids.size) + 1
+    top = max(p.last for p in postings) + 1
     acc, mask = _buffers(cache, top)
     acc = acc[:top]
     try:
@@ -210,15 +299,74 @@ def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict
         raise
 
 
+def top_rows(conn: sqlite3.Connection, query: str, depth: int, cache: dict | None,
+             ranks: np.ndarray) -> tuple[list[int], list[float]]:
+    """The top ``depth`` as ``([chunk row id], [score])`` in rank order: score descending,
+    then ``ranks`` (the collection's tie order, :func:`tie_ranks`). For a search with nothing
+    hidden; the same chunks, scores and order as ranking :func:`score`'s output.
+
+    A one-term query (the term once) is a prefix of the term's own ranking, derived once per
+    cached term (:meth:`Postings.head`); others are cut by :func:`top_candidates`'s bound and
+    ordered. See adr/0038-rank-per-query-overhead.md."""
+    terms, counts = query_terms(query)
+    if not terms:
+        return [], []
+    postings, repeats = _present(conn, terms, counts, cache)
+    if not postings:
+        return [], []
+    if len(postings) == 1 and repeats is None and depth <= Postings.TOP_KEPT:
+        ids, scores = postings[0].head(ranks)
+        return ids[:depth].tolist(), scores[:depth].tolist()
+    ids, scores = _candidates(postings, repeats, depth, cache)
+    return in_rank_order(ids, scores, depth, ranks)
+
+
+SORT_ALL = 256
+
+
+def in_rank_order(ids: np.ndarray, scores: np.ndarray, depth: int, ranks: np.ndarray):
+    """The top ``depth`` of ``(ids, scores)`` as lists: score descending, then tie rank.
+    Up to ``SORT_ALL`` candidates one ``lexsort`` of them all is cheaper than a partition
+    first (four more numpy calls)."""
+    if ids.size > depth and ids.size > SORT_ALL:
+        kth = np.partition(scores, ids.size - depth)[ids.size - depth]
+        sel = scores >= kth
+        ids, scores = ids[sel], scores[sel]
+    order = np.lexsort((ranks[ids], -scores))[:depth]
+    return ids[order].tolist(), scores[order].tolist()
+
+
 def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
     touched = sum(p.ids.size for p in postings)
-    sparse = touched < top * SPARSE_FRACTION
-    for p, n in zip(postings, repeats):  # the same sums, in the same order, as score()
-        weights = p.weights
-        acc[p.ids if sparse else p.rows()] += (
-            weights if n == 1 else weights * np.float32(n))
+    sparse = top >= SPARSE_MIN_SLOTS and touched < top * SPARSE_FRACTION
+    # The same sums, in the same order, as score(): the accumulator is zero, so the first
+    # term's weights are stored (0 + w is w), and the others added in sorted term order.
+    # The first two may swap (float addition is commutative): the longer list is stored.
+    order = list(range(len(postings)))
+    if postings[1].ids.size > postings[0].ids.size:
+        order[0], order[1] = 1, 0
+    for i, j in enumerate(order):
+        p = postings[j]
+        n = repeats[j] if repeats is not None else 1
+        weights = p.weights if n == 1 else p.weights * np.float32(n)
+        rows = p.rows()
+        if not i:
+            acc[rows] = weights
+        elif rows.size >= ADD_AT_MIN:
+            np.add.at(acc, rows, weights)
+        else:
+            acc[rows] += weights
+    if not sparse and top >= SPARSE_MIN_SLOTS and floor > 0:
+        essential = _essential(postings, repeats, floor)
+        if sum(postings[j].ids.size for j in essential) < top * ESSENTIAL_FRACTION:
+            # Every chunk reaching the cut holds an essential term: look only at theirs.
+            every = np.concatenate([postings[j].rows() for j in essential])
+            hit = _distinct(every[acc[every] >= floor])
+            scores = acc[hit]
+            acc.fill(0)
+            return hit.astype(np.int64), scores
     if sparse:
-        every = np.concatenate([ids for ids, _ in postings])
+        every = np.concatenate([p.rows() for p in postings])
         reached = every[acc[every] >= floor] if floor > 0 else every
         hit = _distinct(reached)
         scores = acc[hit]
@@ -232,6 +380,29 @@ def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
     scores = acc[hit]
     acc.fill(0)
     return hit, scores
+
+
+# Relative slack on the bound of _essential for float32 rounding: a float32 sum of n
+# weights is within about n * 2**-24 of the exact sum, far inside this for any query.
+_SLACK = 1e-4
+
+
+def _essential(postings, repeats, floor) -> list[int]:
+    """The indices (ascending) of the terms a chunk must hold to reach ``floor`` (MaxScore):
+    the terms of smallest maximum weight are left out while their maxima together stay
+    under ``floor``, so a chunk holding none of the others scores under it."""
+    if len(postings) > 1_000:  # past what _SLACK covers: no term is left out
+        return list(range(len(postings)))
+    maxima = [float(p.kth(1)) * (repeats[j] if repeats is not None else 1)
+              for j, p in enumerate(postings)]
+    ranked = sorted(range(len(postings)), key=maxima.__getitem__)
+    rest, left_out = 0.0, 0
+    for j in ranked:
+        rest += maxima[j]
+        if rest * (1 + _SLACK) >= floor:
+            break
+        left_out += 1
+    return sorted(ranked[left_out:])
 
 
 def _distinct(ids: np.ndarray) -> np.ndarray:
@@ -293,25 +464,30 @@ def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | N
     query order) whose term the chunk's indexed text holds: what BM25 matches there, for a
     hit of any mode.
 
-    Each term's postings hold its row ids ascending (as ``rebuild_postings`` writes them),
-    so one ``searchsorted`` of the hits' ids per term answers it, in time logarithmic in the
-    postings (the ids are looked up as int32, the postings' own type, so nothing is copied)."""
-    words = query_words(query)
-    rows = np.asarray(row_ids, dtype=np.int64)
-    if not words or not rows.size:
-        return [[] for _ in range(rows.size)]
-    postings = _postings_of(conn, sorted({t for _, t in words}), cache)
-    wanted = rows.astype(np.int32)  # row ids are SQLite's, below the postings' int32 limit
-    holds = {}
-    for term, found in postings.items():
-        if found is None or not found.ids.size:
-            continue
-        ids = found.ids  # an id past the last posting finds the last one, and differs
-        holds[term] = (ids.take(ids.searchsorted(wanted), mode="clip") == wanted).tolist()
-    pairs = [(w, holds[t]) for w, t in dict(words).items() if t in holds]
+    Each term answers for every row at once (:meth:`Postings.holds`): from a set of its row
+    ids when its list is short, else by one ``searchsorted`` of the rows in its ascending ids
+    (logarithmic in the postings)."""
+    terms, words = _match_plan(query)
+    rows = row_ids.tolist() if isinstance(row_ids, np.ndarray) else list(row_ids)
+    if not terms or not rows:
+        return [[] for _ in rows]
+    found = _lookup(conn, terms, cache)
+    wanted = []  # the rows as int32 (the postings' own type: nothing is copied), made once
+    held = [p.holds(rows, wanted) if p is not None else None for p in found]
+    pairs = [(w, held[j]) for w, j in words if held[j] is not None]
     if not pairs:
-        return [[] for _ in range(rows.size)]
-    return [[w for w, held in pairs if held[i]] for i in range(rows.size)]
+        return [[] for _ in rows]
+    return [[w for w, h in pairs if h[i]] for i in range(len(rows))]
+
+
+@lru_cache(maxsize=1024)
+def _match_plan(query: str) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
+    """The query's distinct terms (sorted) and each distinct word, in query order, with the
+    index of its term among them."""
+    words = query_words(query)
+    terms = tuple(sorted({t for _, t in words}))
+    index = {t: j for j, t in enumerate(terms)}
+    return terms, tuple((w, index[t]) for w, t in dict(words).items())
 
 
 def term_rows(conn: sqlite3.Connection, query: str, cache: dict | None = None) -> list[np.ndarray]:

@@ -101,12 +101,13 @@ def bm25_ranked(collection, query, depth, allowed):
         return []
     if depth <= PREFETCH_DEPTH:
         rows = _search().hit_rows(collection, "id", rows_ids)  # in rank order
+        chunk_ids = [r[0] for r in rows]
         if len(rows) == len(rows_ids):
-            out = RankedHits(zip([r[0] for r in rows], score_list))
+            out = RankedHits(zip(chunk_ids, score_list))
         else:  # a row missing: fails below, as before, rather than shifting the ranking
             by_id = {r[14]: r for r in rows}
             out = RankedHits((by_id[i][0], s) for i, s in zip(rows_ids, score_list))
-        out.rows = {r[0]: r for r in rows}
+        out.rows = dict(zip(chunk_ids, rows))
         return out
     marks = ",".join("?" * len(rows_ids))
     chunk_ids = dict(
@@ -137,22 +138,16 @@ def bm25_top_rows(collection, query, depth, allowed):
             return None
         if allowed is None:
             # Nothing hidden: only the chunks that can reach the top ``depth`` are scored.
-            ids, scores = bm25.top_candidates(collection._conn, query, depth,
-                                              collection.postings_cache)
-        else:
-            hidden = allowed.hidden
-            total = collection.chunk_total() if hidden is not None else None
-            ids, scores = bm25.score(collection._conn, query, collection.postings_cache,
-                                     hidden, total)
-    if allowed is not None and ids.size:
+            return bm25.top_rows(collection._conn, query, depth, collection.postings_cache,
+                                 ranks)
+        hidden = allowed.hidden
+        total = collection.chunk_total() if hidden is not None else None
+        ids, scores = bm25.score(collection._conn, query, collection.postings_cache,
+                                 hidden, total)
+    if ids.size:
         keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
         ids, scores = ids[keep], scores[keep]
-    if ids.size > depth:
-        kth = np.partition(scores, ids.size - depth)[ids.size - depth]
-        sel = scores >= kth
-        ids, scores = ids[sel], scores[sel]
-    order = np.lexsort((ranks[ids], -scores))[:depth]
-    return ids[order].tolist(), scores[order].tolist()
+    return bm25.in_rank_order(ids, scores, depth, ranks)
 
 
 def _bm25_ranked_by_hash(collection, query, depth, allowed):

@@ -1,0 +1,122 @@
+"""The BM25 ranking's shortcuts (adr/0038-rank-per-query-overhead.md) against the plain
+computation, on one real collection built by ingest: a one-term query served from the term's
+cached head, the candidate paths of a longer query, ``matched_terms`` from a set of a short
+list's ids or a ``searchsorted`` of a long one, and a reader with hidden documents.
+
+The corpus is made for the edges: a term in every chunk (longer than the head and the set
+limit), chunks of equal length (ties at every cut), a word in one chunk only, CJK text,
+stop words and repeated words in the queries.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.retrieval import bm25, rankers
+from groundkit_datasette.retrieval.collection import Collection
+from groundkit_datasette.retrieval.models import SearchRequest
+from groundkit_datasette.retrieval.permissions import Reader, ScopedCollection
+
+from .test_bm25_topk import _reference
+
+QUERIES = [
+    "harbour",                      # every chunk: past the head and the set limit
+    "ferry",                        # a third of the chunks, many tied
+    "uniq7",                        # one posting
+    "harbour harbour ferry",        # a repeated word counts twice
+    "ferry ferry",                  # one term, repeated: not the head path
+    "the harbour of ferries",       # stop words and a stemmed plural
+    "the and of",                   # only stop words
+    "zzunknown harbour",            # a word the collection lacks
+    "東京大学",                      # CJK bigrams
+    "東京 harbour ferry tide",
+    "tide gull ferry harbour uniq3 uniq250",
+    "Harbour FERRY",                # case
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rank-paths")
+    src = root / "src"
+    (src / "hr").mkdir(parents=True)
+    (src / "hr" / ".groundkit-acl.json").write_text(json.dumps({"groups": ["hr"]}))
+    for i in range(330):
+        words = ["harbour", f"uniq{i}"]
+        if i % 3 == 0:
+            words.append("ferry")
+        if i % 7 == 0:
+            words += ["tide", "tide"]
+        if i % 11 == 0:
+            words.append("gull")
+        if i % 13 == 0:
+            words.append("東京大学の研究")
+        folder = src / "hr" if i % 10 == 0 else src
+        (folder / f"d{i:03d}.txt").write_text(" ".join(words) + ".\n")
+    ingest([src], collection="paths", index_dir=root / "index", embedder="none")
+    return root / "index"
+
+
+def _postings(col, term):
+    row = col.query("SELECT p.chunk_ids FROM bm25_vocab v JOIN bm25_postings p "
+                    "ON p.term_id = v.term_id WHERE v.term = ?", (term,))
+    return set(np.frombuffer(row[0][0], dtype=np.int32).tolist()) if row else set()
+
+
+def test_every_path_ranks_as_the_reference_scorer(corpus):
+    """Same chunks, float32 scores and tie order at depths around the head's size (128), one
+    open collection answering every query twice (the head and the sets are kept)."""
+    with Collection.open("paths", index_dir=corpus) as col:
+        assert col.query("SELECT count(*) FROM chunks")[0][0] == 330
+        for _ in range(2):
+            for query in QUERIES:
+                for depth in (1, 10, 11, 127, 128, 129, 400):
+                    assert rankers.bm25_ranked(col, query, depth, None) == \
+                        _reference(col, query, depth), (query, depth)
+        # The one-term queries were served from the term's head.
+        assert col.postings_cache["harbour"]._head is not None
+        assert col.postings_cache["uniq7"]._head is not None
+
+
+def test_matched_terms_equals_membership_in_the_postings(corpus):
+    """Every row id (and ids outside the postings), given as a list and as an array, for
+    terms answered from a set (short lists) and by searchsorted (a list over 64)."""
+    with Collection.open("paths", index_dir=corpus) as col:
+        top = col.query("SELECT max(id) FROM chunks")[0][0]
+        rows = list(range(0, top + 3))
+        assert len(_postings(col, "harbour")) > bm25.Postings.SET_MAX
+        for query in QUERIES:
+            words = dict(bm25.query_words(query))
+            holders = {w: _postings(col, t) for w, t in words.items()}
+            want = [[w for w in words if r in holders[w]] for r in rows]
+            assert bm25.matched_terms(col._conn, query, rows, col.postings_cache) == want, query
+            assert bm25.matched_terms(col._conn, query, np.array(rows[::-1]),
+                                      col.postings_cache) == want[::-1], query
+            assert bm25.matched_terms(col._conn, query, rows) == want  # no cache
+        hits = col.search(query="the harbour harbour ferry 東京", mode="bm25", top_k=10).hits
+        assert {tuple(h.matched_terms) for h in hits} <= {
+            ("harbour", "ferry", "東京"), ("harbour", "ferry"), ("harbour", "東京"), ("harbour",)}
+
+
+def test_a_reader_with_hidden_documents_ranks_as_the_plain_computation(corpus):
+    """The hidden path recounts IDF (bm25.score) and then shares the ordering step with the
+    fast path: its hits equal every visible chunk's score sorted by (-score, tie rank)."""
+    with Collection.open("paths", index_dir=corpus) as col:
+        view = ScopedCollection(col, Reader(None, frozenset()))
+        hidden = {r[0] for r in col.query(
+            "SELECT c.id FROM chunks c JOIN documents d USING (document_id) "
+            "WHERE d.source LIKE 'hr/%'")}
+        assert hidden
+        hidden_rows = np.array(sorted(hidden), dtype=np.int64)
+        total = col.query("SELECT count(*) FROM chunks")[0][0]
+        ranks = col.tie_ranks()
+        chunk_of = dict(col.query("SELECT id, chunk_id FROM chunks"))
+        for query in QUERIES:
+            ids, scores = bm25.score(col._conn, query, None, hidden_rows, total)
+            plain = sorted(((-s, int(ranks[i]), int(i)) for i, s in zip(ids.tolist(), scores.tolist())
+                            if i not in hidden))
+            want = [(chunk_of[i], -s) for s, _r, i in plain[:10]]
+            hits = view.search(SearchRequest(query=query, mode="bm25", top_k=10)).hits
+            assert [(h.chunk_id, h.score) for h in hits] == want, query
