@@ -14,6 +14,11 @@ def usable_threads() -> int:
 
 
 def cpu_session(model_file: Path, threads: int, *, prepack: bool = True):
+    """An onnxruntime session on the CPU (see :func:`pending_session`, which does the work)."""
+    return pending_session(model_file, threads, prepack=prepack)()
+
+
+def pending_session(model_file: Path, threads: int, *, prepack: bool = True):
     """An onnxruntime session on the CPU: sequential, fully optimised, warnings off.
 
     ``threads`` is the intra-op pool; inter-op stays at 1 (the graphs are sequential).
@@ -24,6 +29,12 @@ def cpu_session(model_file: Path, threads: int, *, prepack: bool = True):
     weights at creation (cheaper to create, the same results; each run packs instead):
     for a process that embeds one query. Raises whatever onnxruntime raises; callers
     turn it into their own error.
+
+    Returns a function that creates the session. This call does the Python part (importing
+    onnxruntime, reading and rewriting the graph), which holds the GIL; the returned function
+    is onnxruntime's own work, which does not (measured, adr/0037): a fresh process calls this
+    on its main thread and the returned function in the model thread, so the session is built
+    while the main thread imports the rest of the search.
     """
     import onnxruntime as ort  # imported on first load: it is slow and BM25-only runs never need it
 
@@ -50,11 +61,15 @@ def cpu_session(model_file: Path, threads: int, *, prepack: bool = True):
                 mapped.close()
             except BufferError:  # a view is still referenced somewhere: the collector closes it
                 pass
-        return ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
+        return lambda: ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
     names = list(prepared.initializers)
     values = [ort.OrtValue.ortvalue_from_numpy(prepared.initializers[n]) for n in names]
     options.add_external_initializers(names, values)
-    session = ort.InferenceSession(prepared.model, sess_options=options, providers=providers)
-    # The session reads these buffers (some are views of the mapped file): keep them alive.
-    session._groundkit_buffers = (mapped, prepared.initializers, values)
-    return session
+
+    def create():
+        session = ort.InferenceSession(prepared.model, sess_options=options, providers=providers)
+        # The session reads these buffers (some are views of the mapped file): keep them alive.
+        session._groundkit_buffers = (mapped, prepared.initializers, values)
+        return session
+
+    return create
