@@ -255,8 +255,10 @@ class MiniLMEmbedder(Embedder):
         ``MiniLMEmbedder()`` of that length to take (its ``load`` waits for that thread rather than
         loading again); None when one is loaded or loading already, or the files are missing
         (``load`` reports that). For a fresh process about to embed its first query, before
-        it imports and validates the rest of the search (adr/0037). The thread is not a
-        daemon: an interpreter exiting mid-load waits rather than tear onnxruntime down."""
+        it imports and validates the rest of the search (adr/0037). The Python half of the
+        session (importing onnxruntime, rewriting the graph) runs here, on the calling thread;
+        the thread builds the session, which holds no GIL, then reads the tokenizer. The thread
+        is not a daemon: an interpreter exiting mid-load waits rather than tear onnxruntime down."""
         try:
             embedder = cls(**({"max_length": max_length} if max_length else {}))
             onnx_file, tokenizer_file = embedder._model_files()
@@ -275,6 +277,9 @@ class MiniLMEmbedder(Embedder):
             create = pending_session(onnx_file, key[3])
         except Exception:  # noqa: BLE001  (the thread loads again and reports it)
             create = None
+        except BaseException as exc:  # interrupted: a load waiting for this must not wait forever
+            pending.set_exception(exc)
+            raise
 
         def run():
             try:
