@@ -255,10 +255,11 @@ class MiniLMEmbedder(Embedder):
         ``MiniLMEmbedder()`` of that length to take (its ``load`` waits for that thread rather than
         loading again); None when one is loaded or loading already, or the files are missing
         (``load`` reports that). For a fresh process about to embed its first query, before
-        it imports and validates the rest of the search (adr/0037). The Python half of the
-        session (importing onnxruntime, rewriting the graph) runs here, on the calling thread;
-        the thread builds the session, which holds no GIL, then reads the tokenizer. The thread
-        is not a daemon: an interpreter exiting mid-load waits rather than tear onnxruntime down."""
+        it imports and validates the rest of the search (adr/0037). onnxruntime is imported
+        here, on the calling thread (an import holds the GIL); the thread rewrites the graph
+        and builds the session, which mostly do not, then reads the tokenizer, which does. The
+        thread is not a daemon: an interpreter exiting mid-load waits rather than tear
+        onnxruntime down."""
         try:
             embedder = cls(**({"max_length": max_length} if max_length else {}))
             onnx_file, tokenizer_file = embedder._model_files()
@@ -270,8 +271,8 @@ class MiniLMEmbedder(Embedder):
                 return None
             pending = _warming[key] = Future()
 
-        # The Python half of the session (onnxruntime's import, the graph's rewrite) here, so
-        # the thread's half, onnxruntime building the session, runs beside this thread's
+        # onnxruntime's import here, so the thread's work (numpy dequantising the weights,
+        # onnxruntime building the session: neither holds the GIL) runs beside this thread's
         # imports instead of taking turns with them for the GIL (adr/0037).
         try:
             create = pending_session(onnx_file, key[3])

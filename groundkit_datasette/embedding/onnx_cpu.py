@@ -30,15 +30,14 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True):
     for a process that embeds one query. Raises whatever onnxruntime raises; callers
     turn it into their own error.
 
-    Returns a function that creates the session. This call does the Python part (importing
-    onnxruntime, reading and rewriting the graph), which holds the GIL; the returned function
-    is onnxruntime's own work, which does not (measured, adr/0037): a fresh process calls this
-    on its main thread and the returned function in the model thread, so the session is built
-    while the main thread imports the rest of the search.
+    Returns a function that creates the session. This call imports onnxruntime (Python work,
+    which holds the GIL); the returned function maps and rewrites the graph (mostly numpy,
+    which releases the GIL) and builds the session (onnxruntime's own work, which releases it
+    too; measured, adr/0037). A fresh process calls this on its main thread and the returned
+    function in the model thread, so the session is made while the main thread imports the
+    rest of the search.
     """
     import onnxruntime as ort  # imported on first load: it is slow and BM25-only runs never need it
-
-    from .onnx_graph import prepare
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -49,6 +48,13 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True):
     if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
     providers = ["CPUExecutionProvider"]
+    return lambda: _create(ort, model_file, options, providers)
+
+
+def _create(ort, model_file: Path, options, providers: list):
+    """The session of :func:`pending_session`: the graph mapped, rewritten, and built."""
+    from .onnx_graph import prepare
+
     with open(model_file, "rb") as f:
         try:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -61,15 +67,11 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True):
                 mapped.close()
             except BufferError:  # a view is still referenced somewhere: the collector closes it
                 pass
-        return lambda: ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
+        return ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
     names = list(prepared.initializers)
     values = [ort.OrtValue.ortvalue_from_numpy(prepared.initializers[n]) for n in names]
     options.add_external_initializers(names, values)
-
-    def create():
-        session = ort.InferenceSession(prepared.model, sess_options=options, providers=providers)
-        # The session reads these buffers (some are views of the mapped file): keep them alive.
-        session._groundkit_buffers = (mapped, prepared.initializers, values)
-        return session
-
-    return create
+    session = ort.InferenceSession(prepared.model, sess_options=options, providers=providers)
+    # The session reads these buffers (some are views of the mapped file): keep them alive.
+    session._groundkit_buffers = (mapped, prepared.initializers, values)
+    return session
