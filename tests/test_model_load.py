@@ -140,6 +140,16 @@ real_start = threading.Thread.start
 def start(self):
     if self.name == "groundkit-warm-minilm":
         seen["models imported when the load started"] = "groundkit_datasette.retrieval.models" in sys.modules
+        seen["pydantic imported when the load started"] = "pydantic" in sys.modules
+        ort = sys.modules.get("onnxruntime")
+        seen["onnxruntime imported when the load started"] = ort is not None
+        if ort is not None:
+            real_init = ort.InferenceSession.__init__
+            def init(session, *args, **kwargs):
+                seen["session built on"] = threading.current_thread().name
+                seen["tokenizers imported when the session was built"] = "tokenizers" in sys.modules
+                real_init(session, *args, **kwargs)
+            ort.InferenceSession.__init__ = init
     real_start(self)
 threading.Thread.start = start
 if mode == "vector":
@@ -148,6 +158,8 @@ else:
     response = col.search(query="How do batteries store energy at night?", mode=mode, top_k=3)
 seen["onnxruntime"] = "onnxruntime" in sys.modules
 seen["hits"] = [[h.chunk_id, round(h.score, 6)] for h in response.hits]
+seen["response"] = type(response).__name__
+seen["body"] = response.model_dump(mode="json", exclude={"timings_ms"})
 print(json.dumps(seen))
 """
 
@@ -172,7 +184,56 @@ def test_first_hybrid_search_loads_the_model_before_the_rest_of_the_search(minil
         col.search(query="warm up", mode="hybrid", top_k=1)
         again = col.search(query="How do batteries store energy at night?", mode="hybrid", top_k=3)
     assert fresh["hits"] == [[h.chunk_id, round(h.score, 6)] for h in again.hits]
+    # The same response model, field for field (its schema built on first use, adr/0037).
+    assert fresh["response"] == "SearchResponse"
+    assert fresh["body"] == again.model_dump(mode="json", exclude={"timings_ms"})
     assert snapshot(minilm_index) == before  # nothing written by a read, model included
+
+
+def test_the_session_is_prepared_before_the_thread_and_built_in_it(minilm_index):
+    """The searching thread imports onnxruntime and rewrites the graph (Python work, which holds
+    the GIL) before pydantic; the model thread then builds the session (onnxruntime's own work,
+    which does not) and reads the tokenizer after it, so the build runs beside the main
+    thread's imports instead of taking turns with them (adr/0037)."""
+    fresh = _fresh_search(minilm_index, "hybrid")
+    assert fresh["pydantic imported when the load started"] is False
+    assert fresh["onnxruntime imported when the load started"] is True
+    assert fresh["session built on"] == "groundkit-warm-minilm"
+    assert fresh["tokenizers imported when the session was built"] is False
+
+
+def test_response_models_build_their_schemas_on_first_use_and_validate_as_strictly():
+    """Importing the models builds no response schema (a fresh search needs none of them to
+    answer); the request is validated as strictly as before, and a response validated from
+    the same fields equals the one built without validation."""
+    code = (
+        "import json, pydantic\n"
+        "from groundkit_datasette.retrieval import models as m\n"
+        "deferred = [c.__name__ for c in (m.SearchResponse, m.Hit, m.ComponentScore, m.IndexStatus,\n"
+        "            m.DocumentResponse, m.SearchRequest) if not c.__pydantic_complete__]\n"
+        "errors = []\n"
+        "for bad in ({'query': ''}, {'query': 'x', 'top_k': 0}, {'query': 'x', 'top_k': 51},\n"
+        "            {'query': 'x', 'nope': 1}, {'query': 'x', 'min_score': float('inf')},\n"
+        "            {'query': 'x', 'mode': 'bm25', 'vector': [0.1]}):\n"
+        "    try:\n"
+        "        m.SearchRequest(**bad)\n"
+        "    except pydantic.ValidationError as e:\n"
+        "        errors.append(e.errors()[0]['type'])\n"
+        "hit = dict(chunk_id='c_' + '0' * 24, document_id='d', source='s', title=None, start_offset=0,\n"
+        "           end_offset=1, line_start=1, line_end=1, page_start=None, page_end=None, heading='',\n"
+        "           content='x', rank=1, score=0.5, components={}, source_changed=None, matched_terms=[])\n"
+        "built = m.built_whole(m.Hit, dict(hit))\n"
+        "print(json.dumps({'deferred': deferred, 'errors': errors, 'same': built == m.Hit(**hit)}))\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout)
+    assert seen["deferred"] == ["SearchResponse", "Hit", "ComponentScore", "IndexStatus", "DocumentResponse",
+                                "SearchRequest"]
+    assert seen["errors"] == ["string_too_short", "greater_than_equal", "less_than_equal", "extra_forbidden",
+                              "value_error", "value_error"]
+    assert seen["same"] is True
 
 
 def test_bm25_and_vector_searches_never_load_the_model(minilm_index):

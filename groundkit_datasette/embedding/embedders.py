@@ -18,7 +18,7 @@ import numpy as np
 from .. import plugins
 from ..errors import EmbedderError
 from ..hookspecs import hookimpl
-from .onnx_cpu import cpu_session, usable_threads as _usable_threads
+from .onnx_cpu import cpu_session, pending_session, usable_threads as _usable_threads
 
 from ..plugins import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
 
@@ -128,8 +128,15 @@ def _take_warmed(key: tuple):
         return None
 
 
-def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: int):
-    """(tokenizer, session, input names, output name) for the MiniLM files given."""
+def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: int, create=None):
+    """(tokenizer, session, input names, output name) for the MiniLM files given; ``create``:
+    what ``onnx_cpu.pending_session`` returned for them, when the caller has prepared the
+    session already. The session comes first: creating it holds no GIL, reading the
+    tokenizer does (adr/0037)."""
+    try:
+        session = create() if create is not None else cpu_session(Path(onnx_file), threads)
+    except Exception:
+        raise EmbedderError("the MiniLM ONNX model could not be loaded") from None
     from tokenizers import Tokenizer
 
     try:
@@ -139,10 +146,6 @@ def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: 
     # The shipped tokenizer.json pads every text to 128; we pad per batch.
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_length)
-    try:
-        session = cpu_session(Path(onnx_file), threads)
-    except Exception:
-        raise EmbedderError("the MiniLM ONNX model could not be loaded") from None
     inputs = tuple(i.name for i in session.get_inputs())
     if "input_ids" not in inputs or not set(inputs) <= {"input_ids", "attention_mask", "token_type_ids"}:
         raise EmbedderError("the MiniLM ONNX model has unexpected inputs")
@@ -252,8 +255,11 @@ class MiniLMEmbedder(Embedder):
         ``MiniLMEmbedder()`` of that length to take (its ``load`` waits for that thread rather than
         loading again); None when one is loaded or loading already, or the files are missing
         (``load`` reports that). For a fresh process about to embed its first query, before
-        it imports and validates the rest of the search (adr/0037). The thread is not a
-        daemon: an interpreter exiting mid-load waits rather than tear onnxruntime down."""
+        it imports and validates the rest of the search (adr/0037). onnxruntime is imported
+        here, on the calling thread (an import holds the GIL); the thread rewrites the graph
+        and builds the session, which mostly do not, then reads the tokenizer, which does. The
+        thread is not a daemon: an interpreter exiting mid-load waits rather than tear
+        onnxruntime down."""
         try:
             embedder = cls(**({"max_length": max_length} if max_length else {}))
             onnx_file, tokenizer_file = embedder._model_files()
@@ -265,9 +271,20 @@ class MiniLMEmbedder(Embedder):
                 return None
             pending = _warming[key] = Future()
 
+        # onnxruntime's import here, so the thread's work (numpy dequantising the weights,
+        # onnxruntime building the session: neither holds the GIL) runs beside this thread's
+        # imports instead of taking turns with them for the GIL (adr/0037).
+        try:
+            create = pending_session(onnx_file, key[3])
+        except Exception:  # noqa: BLE001  (the thread loads again and reports it)
+            create = None
+        except BaseException as exc:  # interrupted: a load waiting for this must not wait forever
+            pending.set_exception(exc)
+            raise
+
         def run():
             try:
-                pending.set_result(_load_minilm(*key))
+                pending.set_result(_load_minilm(*key, create=create))
             except BaseException as exc:  # noqa: BLE001  (handed to the load that waits for it)
                 pending.set_exception(exc)
 

@@ -14,6 +14,11 @@ def usable_threads() -> int:
 
 
 def cpu_session(model_file: Path, threads: int, *, prepack: bool = True):
+    """An onnxruntime session on the CPU (see :func:`pending_session`, which does the work)."""
+    return pending_session(model_file, threads, prepack=prepack)()
+
+
+def pending_session(model_file: Path, threads: int, *, prepack: bool = True):
     """An onnxruntime session on the CPU: sequential, fully optimised, warnings off.
 
     ``threads`` is the intra-op pool; inter-op stays at 1 (the graphs are sequential).
@@ -24,10 +29,15 @@ def cpu_session(model_file: Path, threads: int, *, prepack: bool = True):
     weights at creation (cheaper to create, the same results; each run packs instead):
     for a process that embeds one query. Raises whatever onnxruntime raises; callers
     turn it into their own error.
+
+    Returns a function that creates the session. This call imports onnxruntime (Python work,
+    which holds the GIL); the returned function maps and rewrites the graph (mostly numpy,
+    which releases the GIL) and builds the session (onnxruntime's own work, which releases it
+    too; measured, adr/0037). A fresh process calls this on its main thread and the returned
+    function in the model thread, so the session is made while the main thread imports the
+    rest of the search.
     """
     import onnxruntime as ort  # imported on first load: it is slow and BM25-only runs never need it
-
-    from .onnx_graph import prepare
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
@@ -38,6 +48,13 @@ def cpu_session(model_file: Path, threads: int, *, prepack: bool = True):
     if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
     providers = ["CPUExecutionProvider"]
+    return lambda: _create(ort, model_file, options, providers)
+
+
+def _create(ort, model_file: Path, options, providers: list):
+    """The session of :func:`pending_session`: the graph mapped, rewritten, and built."""
+    from .onnx_graph import prepare
+
     with open(model_file, "rb") as f:
         try:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

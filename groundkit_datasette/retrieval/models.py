@@ -31,7 +31,7 @@ def _mode_enum(schema: dict) -> None:
 class Request(BaseModel):
     """Requests are frozen and refuse unknown fields."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class SearchRequest(Request):
@@ -129,7 +129,7 @@ class ListCollectionsRequest(Request):
 
 
 class Response(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, defer_build=True)
 
 
 class ComponentScore(Response):
