@@ -719,15 +719,20 @@ class Indexer:
         if recorded and "max_length" not in options:
             # Embed at the length the collection's vectors were embedded at.
             options["max_length"] = int(recorded)
-        if recorded_compute and "compute" not in options:
-            options["compute"] = recorded_compute  # and the way they were computed
-        try:
-            embedder = get_embedder(name, **options)
-        except EmbedderError:
-            if options == self.embedder_options:
-                raise
-            options = dict(self.embedder_options)  # a factory without the option: checked below
-            embedder = get_embedder(name, **options)
+        # Computed the way they were (a collection from before the record: fp32), for the
+        # embedders that have a compute mode; the others are tried without it.
+        attempts = [options]
+        if bound == name and "compute" not in options:
+            attempts.insert(0, {**options, "compute": recorded_compute or UNRECORDED_COMPUTE})
+        if options != self.embedder_options:
+            attempts.append(dict(self.embedder_options))  # a factory without the option: checked below
+        for i, options in enumerate(attempts):
+            try:
+                embedder = get_embedder(name, **options)
+                break
+            except EmbedderError:
+                if i == len(attempts) - 1:
+                    raise
         self.embedder_options = options  # cluster workers build their embedder from these
         backfill = False
         if bound and bound != "none":

@@ -281,7 +281,10 @@ class Collection:
                 MiniLMEmbedder.provider, MiniLMEmbedder.model_name, str(MiniLMEmbedder.dimensions)):
             return
         # At the documents' length: the query embedder is built at it (rankers.query_embedder).
-        self._warm = MiniLMEmbedder.start_warm(self.embedding_max_length, self.embedding_compute) or False
+        from ..embedding.embedders import UNRECORDED_COMPUTE  # loaded with MiniLMEmbedder: no cost
+
+        self._warm = MiniLMEmbedder.start_warm(self.embedding_max_length,
+                                               self.embedding_compute or UNRECORDED_COMPUTE) or False
 
     def fetch_chunk(self, chunk_id: str) -> ChunkResponse:
         from .models import ChunkCitation, ChunkResponse, FetchChunkRequest

@@ -31,17 +31,22 @@ def query_embedder(collection, *, probe: bool = True):
         with _embedders_lock:
             embedder = _embedders.get((name, length, compute))
             if embedder is None:
-                from ..embedding.embedders import get_embedder
+                from ..embedding.embedders import UNRECORDED_COMPUTE, get_embedder
 
-                options = {**({"max_length": length} if length else {}),
-                           **({"compute": compute} if compute else {})}
+                options = {"max_length": length} if length else {}
+                # Computed as the documents were (not recorded: fp32) for embedders with a
+                # compute mode; the others are built without it, then without any option
+                # (the checks below decide).
+                attempts = [{**options, "compute": compute or UNRECORDED_COMPUTE}, options]
+                attempts += [{}] if options else []
                 try:
-                    try:
-                        embedder = get_embedder(name, **options)
-                    except EmbedderError:
-                        if not options:
-                            raise
-                        embedder = get_embedder(name)  # no such option: the checks below decide
+                    for i, attempt in enumerate(attempts):
+                        try:
+                            embedder = get_embedder(name, **attempt)
+                            break
+                        except EmbedderError:
+                            if i == len(attempts) - 1:
+                                raise
                 except EmbedderError:
                     raise DenseUnavailable(
                         f"this server has no embedder '{name}' for the collection's queries; "
