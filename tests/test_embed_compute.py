@@ -98,7 +98,7 @@ def test_int8_vectors_are_close_to_fp32_and_do_not_depend_on_the_batch():
     model_file, _tok = MiniLMEmbedder()._model_files()
     prepared = onnx_graph.prepare(model_file.read_bytes(), int8_matmul=True)
     assert prepared.integer == 36 and prepared.folded == 0 and prepared.gathered == 2
-    fp32 = MiniLMEmbedder().embed(TEXTS)
+    fp32 = MiniLMEmbedder(compute="fp32").embed(TEXTS)
     batched = MiniLMEmbedder(compute="int8", batch_size=8, threads=2).embed(TEXTS)
     alone = np.stack([MiniLMEmbedder(compute="int8", threads=1).embed_query(t) for t in TEXTS])
     np.testing.assert_array_equal(batched, alone)
@@ -131,11 +131,14 @@ def test_compute_is_recorded_and_queries_are_computed_the_same_way(fresh_embedde
         Indexer("q8", index_dir=index_dir, embedder_options={"compute": "fp32"}).ingest([corpus])
 
 
-def test_default_is_fp32_recorded_and_queries_match(fresh_embedders, tmp_path):
-    """The default mode is recorded too, and its queries meet their own chunks at cosine 1."""
+def test_default_is_int8_and_fp32_stays_available(fresh_embedders, tmp_path):
+    """A new collection is int8 by default; fp32 is recorded and queried as fp32. Each mode's
+    queries meet their own chunks at cosine 1."""
     corpus = write_corpus(tmp_path / "corpus")
     index_dir = tmp_path / "index"
-    ingest([corpus], collection="f32", index_dir=index_dir)
+    ingest([corpus], collection="new", index_dir=index_dir)
+    assert _manifest(index_dir, "new")["embedding_compute"] == "int8"
+    ingest([corpus], collection="f32", index_dir=index_dir, embedder_options={"compute": "fp32"})
     assert _manifest(index_dir, "f32")["embedding_compute"] == "fp32"
     with Collection.open("f32", index_dir=index_dir) as col:
         assert rankers.query_embedder(col).compute == "fp32"
@@ -147,7 +150,7 @@ def test_a_collection_without_the_record_stays_fp32(fresh_embedders, tmp_path):
     ingest into them is refused; a plain re-ingest works."""
     corpus = write_corpus(tmp_path / "corpus")
     index_dir = tmp_path / "index"
-    ingest([corpus], collection="old", index_dir=index_dir)
+    ingest([corpus], collection="old", index_dir=index_dir, embedder_options={"compute": "fp32"})
     conn = sqlite3.connect(index_dir / "old.sqlite3")
     with conn:
         conn.execute("DELETE FROM groundkit_manifest WHERE key = 'embedding_compute'")
@@ -159,7 +162,8 @@ def test_a_collection_without_the_record_stays_fp32(fresh_embedders, tmp_path):
     with pytest.raises(EmbedderError, match="compute fp32; refusing to add vectors computed with int8"):
         Indexer("old", index_dir=index_dir, embedder_options={"compute": "int8"}).ingest([corpus])
     (corpus / "extra.txt").write_text("Geothermal plants tap heat from deep rock.", encoding="utf-8")
-    assert ingest([corpus], collection="old", index_dir=index_dir).added == 1
+    assert ingest([corpus], collection="old", index_dir=index_dir).added == 1  # fp32, though int8 is the default
+    assert _manifest(index_dir, "old")["embedding_compute"] == "fp32"
 
 
 def test_a_server_embedder_with_another_compute_mode_is_reported(fresh_embedders, tmp_path):
@@ -168,7 +172,7 @@ def test_a_server_embedder_with_another_compute_mode_is_reported(fresh_embedders
     corpus = write_corpus(tmp_path / "corpus")
     index_dir = tmp_path / "index"
     ingest([corpus], collection="q8", index_dir=index_dir, embedder_options={"compute": "int8"})
-    with Collection.open("q8", index_dir=index_dir, embedder=MiniLMEmbedder()) as col:
+    with Collection.open("q8", index_dir=index_dir, embedder=MiniLMEmbedder(compute="fp32")) as col:
         with pytest.raises(EmbedderMismatch, match="with fp32.*compute int8"):
             col.search(SearchRequest(query="solar panels", mode="dense"))
 

@@ -151,8 +151,7 @@ def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: 
     return tokenizer, session, inputs, output
 
 
-# How MiniLM's int8 export is run (adr/0038); the first is the default and what a collection
-# without an ``embedding_compute`` record was embedded with.
+# How MiniLM's int8 export is run (adr/0038); the default is MiniLMEmbedder's.
 COMPUTE_MODES = ("fp32", "int8")
 UNRECORDED_COMPUTE = "fp32"  # the only mode before the record existed
 
@@ -169,11 +168,12 @@ class MiniLMEmbedder(Embedder):
     for throughput, and much steadier when other processes share the cores.
     Small batches (8) keep activations in cache; larger ones were slower.
 
-    ``compute`` is how the int8 export is run (adr/0038): ``"fp32"`` (default) dequantises
-    its weights and multiplies in float (adr/0037); ``"int8"`` multiplies the int8 weights
-    with activations quantised at run time, one text per call (the activation scale covers
-    the whole input, so a batch would make a text's vector depend on its neighbours):
-    other vectors (cosine about 0.994 to fp32), so a collection records its mode
+    ``compute`` is how the int8 export is run (adr/0038): ``"int8"`` (default) multiplies
+    the int8 weights with activations quantised at run time, one text per call (the activation scale covers
+    the whole input, so a batch would make a text's vector depend on its neighbours);
+    ``"fp32"`` dequantises the weights and multiplies in float (adr/0037), as every
+    collection before the record was embedded. The vectors differ (cosine about 0.995),
+    so a collection records its mode
     (``embedding_compute``) and its queries are embedded the same way.
     """
 
@@ -188,7 +188,7 @@ class MiniLMEmbedder(Embedder):
         batch_size: int = 8,
         threads: int | None = None,
         parallel: str = "batches",
-        compute: str = "fp32",
+        compute: str = "int8",
         onnx_path: str | os.PathLike | None = None,
         tokenizer_path: str | os.PathLike | None = None,
     ):
