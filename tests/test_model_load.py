@@ -45,7 +45,7 @@ def _folded_session(model_file):
 def test_shipped_model_is_rewritten_and_gives_the_vectors_onnxruntime_folding_gives():
     """Every int8 weight is dequantised before onnxruntime sees the graph (nothing left for its
     constant folding), and the vectors equal those of the old, folding session."""
-    ours = MiniLMEmbedder(batch_size=4)
+    ours = MiniLMEmbedder(batch_size=4, compute="fp32")  # the float graph (int8 compute: adr/0038)
     model_file, _tok = ours._model_files()
     prepared = onnx_graph.prepare(model_file.read_bytes())
     assert prepared is not None
@@ -56,7 +56,7 @@ def test_shipped_model_is_rewritten_and_gives_the_vectors_onnxruntime_folding_gi
                      if t.data_type == TensorProto.INT8 and t.data_location != TensorProto.EXTERNAL]
     assert int8_in_graph == []
 
-    reference = MiniLMEmbedder(batch_size=4)
+    reference = MiniLMEmbedder(batch_size=4, compute="fp32")
     reference.load()
     reference._session = _folded_session(model_file)  # same tokenizer and pooling, the old session
     mine, theirs = ours.embed(TEXTS), reference.embed(TEXTS)

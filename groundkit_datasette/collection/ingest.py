@@ -303,6 +303,18 @@ def embedding_max_length(embedder) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+# The manifest key of how the embedder computed the vectors (MiniLM's ``compute``: "fp32" or
+# "int8", adr/0038), for the embedders that have one: queries are embedded the same way. A
+# collection without the record was embedded in fp32 (embedders.UNRECORDED_COMPUTE).
+COMPUTE_KEY = "embedding_compute"
+
+
+def embedding_compute(embedder) -> str | None:
+    """The embedder's ``compute`` mode when it declares one as a string, else None."""
+    value = getattr(embedder, "compute", None)
+    return value if isinstance(value, str) else None
+
+
 def _default_max_length(get_embedder, name: str) -> int | None:
     try:
         return embedding_max_length(get_embedder(name))
@@ -699,20 +711,28 @@ class Indexer:
                     "and --embedder none would leave new chunks without vectors"
                 )
             return None, False
-        from ..embedding.embedders import get_embedder  # not for BM25-only runs: it loads onnxruntime
+        from ..embedding.embedders import UNRECORDED_COMPUTE, get_embedder  # not for BM25-only runs
 
         recorded = manifest.get(MAX_LENGTH_KEY) if bound == name else None
+        recorded_compute = manifest.get(COMPUTE_KEY) if bound == name else None
         options = dict(self.embedder_options)
         if recorded and "max_length" not in options:
             # Embed at the length the collection's vectors were embedded at.
             options["max_length"] = int(recorded)
-        try:
-            embedder = get_embedder(name, **options)
-        except EmbedderError:
-            if options == self.embedder_options:
-                raise
-            options = dict(self.embedder_options)  # a factory without the option: checked below
-            embedder = get_embedder(name, **options)
+        # Computed the way they were (a collection from before the record: fp32), for the
+        # embedders that have a compute mode; the others are tried without it.
+        attempts = [options]
+        if bound == name and "compute" not in options:
+            attempts.insert(0, {**options, "compute": recorded_compute or UNRECORDED_COMPUTE})
+        if options != self.embedder_options:
+            attempts.append(dict(self.embedder_options))  # a factory without the option: checked below
+        for i, options in enumerate(attempts):
+            try:
+                embedder = get_embedder(name, **options)
+                break
+            except EmbedderError:
+                if i == len(attempts) - 1:
+                    raise
         self.embedder_options = options  # cluster workers build their embedder from these
         backfill = False
         if bound and bound != "none":
@@ -734,6 +754,14 @@ class Indexer:
                         f"to add vectors embedded at {got_length} (give --embedder-option "
                         f"max_length={want_length}, or ingest into a new collection)"
                     )
+            got_compute = embedding_compute(embedder)
+            want_compute = recorded_compute or UNRECORDED_COMPUTE
+            if got_compute is not None and got_compute != want_compute:
+                raise EmbedderError(
+                    f"collection '{self.name}' was embedded with compute {want_compute}; refusing "
+                    f"to add vectors computed with {got_compute} (give --embedder-option "
+                    f"compute={want_compute}, or ingest into a new collection)"
+                )
         elif has_docs:
             backfill = True  # a BM25-only collection gains vectors for every chunk
         return embedder, backfill
@@ -1113,6 +1141,9 @@ class Indexer:
             length = embedding_max_length(embedder)
             if length is not None:
                 values[MAX_LENGTH_KEY] = str(length)
+            compute = embedding_compute(embedder)
+            if compute is not None:
+                values[COMPUTE_KEY] = compute
         conn.executemany(
             "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
             "ON CONFLICT(key) DO UPDATE SET value = excluded.value",

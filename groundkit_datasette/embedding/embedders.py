@@ -128,13 +128,15 @@ def _take_warmed(key: tuple):
         return None
 
 
-def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: int, create=None):
+def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: int,
+                 compute: str = "fp32", create=None):
     """(tokenizer, session, input names, output name) for the MiniLM files given; ``create``:
     what ``onnx_cpu.pending_session`` returned for them, when the caller has prepared the
     session already. The session comes first: creating it holds no GIL, reading the
     tokenizer does (adr/0037)."""
     try:
-        session = create() if create is not None else cpu_session(Path(onnx_file), threads)
+        session = (create() if create is not None
+                   else cpu_session(Path(onnx_file), threads, int8_matmul=compute == "int8"))
     except Exception:
         raise EmbedderError("the MiniLM ONNX model could not be loaded") from None
     from tokenizers import Tokenizer
@@ -154,6 +156,11 @@ def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: 
     return tokenizer, session, inputs, output
 
 
+# How MiniLM's int8 export is run (adr/0038); the default is MiniLMEmbedder's.
+COMPUTE_MODES = ("fp32", "int8")
+UNRECORDED_COMPUTE = "fp32"  # the only mode before the record existed
+
+
 class MiniLMEmbedder(Embedder):
     """all-MiniLM-L6-v2, int8 ONNX on the CPU, mean-pooled and normalised.
 
@@ -165,6 +172,14 @@ class MiniLMEmbedder(Embedder):
     at once rather than splitting each batch across threads: measured faster
     for throughput, and much steadier when other processes share the cores.
     Small batches (8) keep activations in cache; larger ones were slower.
+
+    ``compute`` is how the int8 export is run (adr/0038): ``"int8"`` (default) multiplies
+    the int8 weights with activations quantised at run time, one text per call (the activation scale covers
+    the whole input, so a batch would make a text's vector depend on its neighbours);
+    ``"fp32"`` dequantises the weights and multiplies in float (adr/0037), as every
+    collection before the record was embedded. The vectors differ (cosine about 0.995),
+    so a collection records its mode
+    (``embedding_compute``) and its queries are embedded the same way.
     """
 
     provider = "onnx"
@@ -178,6 +193,7 @@ class MiniLMEmbedder(Embedder):
         batch_size: int = 8,
         threads: int | None = None,
         parallel: str = "batches",
+        compute: str = "int8",
         onnx_path: str | os.PathLike | None = None,
         tokenizer_path: str | os.PathLike | None = None,
     ):
@@ -192,6 +208,9 @@ class MiniLMEmbedder(Embedder):
         if parallel not in ("batches", "intra_op"):
             raise EmbedderError("parallel must be 'batches' or 'intra_op'")
         self.threads = threads or _usable_threads()
+        if compute not in COMPUTE_MODES:
+            raise EmbedderError(f"compute must be one of {', '.join(COMPUTE_MODES)}")
+        self.compute = compute
         self.parallel = parallel
         self._onnx_path = onnx_path
         self._tokenizer_path = tokenizer_path
@@ -239,7 +258,7 @@ class MiniLMEmbedder(Embedder):
             if self._session is not None:
                 return
             onnx_file, tokenizer_file = self._model_files()
-            key = (str(onnx_file), str(tokenizer_file), self.max_length, self._session_threads())
+            key = (str(onnx_file), str(tokenizer_file), self.max_length, self._session_threads(), self.compute)
             loaded = _take_warmed(key)
             if loaded is None:
                 loaded = _load_minilm(*key)
@@ -249,7 +268,7 @@ class MiniLMEmbedder(Embedder):
             self._session = session
 
     @classmethod
-    def start_warm(cls, max_length: int | None = None) -> threading.Thread | None:
+    def start_warm(cls, max_length: int | None = None, compute: str | None = None) -> threading.Thread | None:
         """Start loading the default configuration's tokenizer and session (at ``max_length``,
         a collection's recorded length, when given) in a thread, for the next
         ``MiniLMEmbedder()`` of that length to take (its ``load`` waits for that thread rather than
@@ -261,11 +280,13 @@ class MiniLMEmbedder(Embedder):
         thread is not a daemon: an interpreter exiting mid-load waits rather than tear
         onnxruntime down."""
         try:
-            embedder = cls(**({"max_length": max_length} if max_length else {}))
+            embedder = cls(**({"max_length": max_length} if max_length else {}),
+                           **({"compute": compute} if compute else {}))
             onnx_file, tokenizer_file = embedder._model_files()
         except EmbedderError:
             return None
-        key = (str(onnx_file), str(tokenizer_file), embedder.max_length, embedder._session_threads())
+        key = (str(onnx_file), str(tokenizer_file), embedder.max_length, embedder._session_threads(),
+               embedder.compute)
         with _warm_lock:
             if key in _warming or key in _loaded:
                 return None
@@ -275,7 +296,7 @@ class MiniLMEmbedder(Embedder):
         # onnxruntime building the session: neither holds the GIL) runs beside this thread's
         # imports instead of taking turns with them for the GIL (adr/0037).
         try:
-            create = pending_session(onnx_file, key[3])
+            create = pending_session(onnx_file, key[3], int8_matmul=key[4] == "int8")
         except Exception:  # noqa: BLE001  (the thread loads again and reports it)
             create = None
         except BaseException as exc:  # interrupted: a load waiting for this must not wait forever
@@ -300,7 +321,7 @@ class MiniLMEmbedder(Embedder):
         encodings = self._tokenizer.encode_batch(texts, add_special_tokens=True)
         lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
         order = np.argsort(lengths, kind="stable")
-        size = self.batch_size
+        size = 1 if self.compute == "int8" else self.batch_size  # int8: each text alone (see the class)
         workers = self.threads if self.parallel == "batches" else 1
         if workers > 1 and len(texts) < workers * size:
             # Too few texts to fill a batch per worker: split them evenly instead.

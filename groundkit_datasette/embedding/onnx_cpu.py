@@ -13,12 +13,12 @@ def usable_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def cpu_session(model_file: Path, threads: int, *, prepack: bool = True):
+def cpu_session(model_file: Path, threads: int, *, prepack: bool = True, int8_matmul: bool = False):
     """An onnxruntime session on the CPU (see :func:`pending_session`, which does the work)."""
-    return pending_session(model_file, threads, prepack=prepack)()
+    return pending_session(model_file, threads, prepack=prepack, int8_matmul=int8_matmul)()
 
 
-def pending_session(model_file: Path, threads: int, *, prepack: bool = True):
+def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int8_matmul: bool = False):
     """An onnxruntime session on the CPU: sequential, fully optimised, warnings off.
 
     ``threads`` is the intra-op pool; inter-op stays at 1 (the graphs are sequential).
@@ -27,7 +27,9 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True):
     the same weights, bit for bit, without onnxruntime's constant folding, which cost
     most of a fresh process's model load. ``prepack=False`` skips packing the matrix
     weights at creation (cheaper to create, the same results; each run packs instead):
-    for a process that embeds one query. Raises whatever onnxruntime raises; callers
+    for a process that embeds one query. ``int8_matmul`` runs the int8 matrices in integers
+    (``onnx_graph.prepare``, adr/0038) and raises ValueError for a model it cannot rewrite so,
+    rather than fall back to float vectors. Raises whatever onnxruntime raises; callers
     turn it into their own error.
 
     Returns a function that creates the session. This call imports onnxruntime (Python work,
@@ -48,10 +50,10 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True):
     if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
     providers = ["CPUExecutionProvider"]
-    return lambda: _create(ort, model_file, options, providers)
+    return lambda: _create(ort, model_file, options, providers, int8_matmul)
 
 
-def _create(ort, model_file: Path, options, providers: list):
+def _create(ort, model_file: Path, options, providers: list, int8_matmul: bool = False):
     """The session of :func:`pending_session`: the graph mapped, rewritten, and built."""
     from .onnx_graph import prepare
 
@@ -60,7 +62,9 @@ def _create(ort, model_file: Path, options, providers: list):
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (ValueError, OSError):  # an empty or unmappable file: let onnxruntime say why
             mapped = None
-    prepared = prepare(memoryview(mapped)) if mapped is not None else None
+    prepared = prepare(memoryview(mapped), int8_matmul=int8_matmul) if mapped is not None else None
+    if prepared is None and int8_matmul:
+        raise ValueError("this model has no int8 matrices to multiply in integers")
     if prepared is None:
         if mapped is not None:
             try:

@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Protobuf field numbers (onnx.proto3).
-_MODEL_GRAPH = 7
+_MODEL_GRAPH, _MODEL_OPSET = 7, 8
+_OPSET_DOMAIN, _OPSET_VERSION = 1, 2
 _GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 5, 11, 12
 _GRAPH_SPARSE_INITIALIZER = 15
 _NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP, _NODE_ATTRIBUTE, _NODE_DOMAIN = 1, 2, 3, 4, 5, 7
@@ -32,11 +33,12 @@ _ATTR_NAME, _ATTR_I = 1, 3
 _VALUE_NAME = 1
 _TENSOR_DIMS, _TENSOR_TYPE, _TENSOR_NAME, _TENSOR_RAW = 1, 2, 8, 9
 _TENSOR_EXTERNAL, _TENSOR_LOCATION = 13, 14
-_FLOAT, _INT8 = 1, 3
+_FLOAT, _UINT8, _INT8 = 1, 2, 3
 
 # Where placeholders say their data lives; onnxruntime never reads it, because every
 # placeholder is supplied through SessionOptions.add_external_initializers.
 IN_MEMORY = "groundkit-in-memory"
+_MS_DOMAIN = "com.microsoft"  # onnxruntime's contrib operators (DynamicQuantizeMatMul)
 _VIEW_BYTES = 1 << 16
 
 
@@ -149,10 +151,12 @@ def _node(raw) -> _Node:
     return _Node(raw, inputs, outputs, op, domain, ints)
 
 
-def _make_node(op: str, inputs: list[str], outputs: list[str], **ints: int) -> bytes:
+def _make_node(op: str, inputs: list[str], outputs: list[str], *, domain: str = "", **ints: int) -> bytes:
     out = b"".join(_put(_NODE_INPUT, i.encode()) for i in inputs)
     out += b"".join(_put(_NODE_OUTPUT, o.encode()) for o in outputs)
     out += _put(_NODE_OP, op.encode())
+    if domain:
+        out += _put(_NODE_DOMAIN, domain.encode())
     for name, value in ints.items():
         attribute = _put(_ATTR_NAME, name.encode()) + _put_int(_ATTR_I, value) + _put_int(20, 2)  # type INT
         out += _put(_NODE_ATTRIBUTE, attribute)
@@ -193,7 +197,7 @@ def _placeholder(name: str, array: np.ndarray) -> bytes:
     """An initializer whose data the session is given from memory."""
     packed = b"".join(_put_varint(d) for d in array.shape)
     location = _put(1, b"location") + _put(2, IN_MEMORY.encode())
-    dtype = _FLOAT if array.dtype == np.float32 else _INT8
+    dtype = {np.dtype(np.float32): _FLOAT, np.dtype(np.int8): _INT8, np.dtype(np.uint8): _UINT8}[array.dtype]
     return (_put(_TENSOR_DIMS, packed) + _put_int(_TENSOR_TYPE, dtype) + _put(_TENSOR_NAME, name.encode())
             + _put(_TENSOR_EXTERNAL, location) + _put_int(_TENSOR_LOCATION, 1))
 
@@ -214,18 +218,28 @@ class Prepared:
     initializers: dict[str, np.ndarray]
     folded: int  # Cast/Mul pairs replaced by a float constant
     gathered: int  # embedding tables dequantised after the Gather
+    integer: int = 0  # matrices multiplied in int8 (``int8_matmul``)
 
 
-def prepare(model_bytes: bytes) -> Prepared | None:
+def prepare(model_bytes: bytes, *, int8_matmul: bool = False) -> Prepared | None:
     """The model with its int8 ``Cast``/``Mul`` weights dequantised here, or None when
-    the graph has no such weights or is not in a shape this reader handles."""
+    the graph has no such weights or is not in a shape this reader handles.
+
+    ``int8_matmul`` (adr/0038): each int8 matrix with one scale per output column that only
+    ``MatMul`` nodes read (as their second input) is not dequantised; those nodes become
+    onnxruntime's ``DynamicQuantizeMatMul``, which quantises the activations to uint8 at run
+    time (one scale and zero point per call, over the whole input tensor) and multiplies
+    in integers with the shipped int8 weights (as uint8, zero point 128) and their scales.
+    Faster on the CPU, and the vectors change (cosine about 0.995 to the float path); and because the activation
+    scale covers the whole input, a text's vector depends on the batch it runs in unless
+    each text runs alone (the embedder runs this graph one text per call)."""
     try:
-        return _prepare(memoryview(model_bytes))
+        return _prepare(memoryview(model_bytes), int8_matmul)
     except (_Unsupported, UnicodeDecodeError, ValueError):
         return None
 
 
-def _prepare(buf: memoryview) -> Prepared | None:
+def _prepare(buf: memoryview, int8_matmul: bool = False) -> Prepared | None:
     top = _fields(buf)
     graphs = [f for f in top if f[0] == _MODEL_GRAPH and f[1] == 2]
     if len(graphs) != 1:
@@ -262,7 +276,7 @@ def _prepare(buf: memoryview) -> Prepared | None:
     replace: dict[int, list[bytes]] = {}
     removed_tensors: set[str] = set()
     weights: dict[str, np.ndarray] = {}
-    gathered = 0
+    gathered = integer = 0
     for name, t in tensors.items():
         if t.dtype != _INT8 or t.raw is None or name in boundary:
             continue
@@ -305,6 +319,27 @@ def _prepare(buf: memoryview) -> Prepared | None:
             drop.update((cast_i, mul_i))
             gathered += 1
             continue
+        if (int8_matmul and users and q.ndim == 2 and s.shape in ((q.shape[1],), (1, q.shape[1])) and all(
+                u.op == "MatMul" and not u.domain and len(u.inputs) == 2 and u.inputs[1] == out
+                and u.inputs[0] != out and len(u.outputs) == 1 for u in users)):
+            # The int8 matrix as uint8 with zero point 128 (q + 128: the same integers), and its
+            # scales as the 1-D per-column vector the op takes. Not int8 itself: onnxruntime's
+            # uint8 x int8 kernel on AVX2 without VNNI (vpmaddubsw) saturates pairs of products
+            # at 16 bits, so its sums are wrong where activations and weights are both large,
+            # and differ between CPUs; uint8 x uint8 sums exactly everywhere (adr/0038).
+            stem = f"{name}/groundkit_u8"
+            weights[stem] = np.ascontiguousarray((q.astype(np.int16) + 128).astype(np.uint8))
+            weights[stem + "_scale"] = np.ascontiguousarray(s.reshape(-1), dtype=np.float32)
+            weights[stem + "_zero"] = np.full(q.shape[1], 128, dtype=np.uint8)
+            for user_i in consumers[out]:
+                user = nodes[user_i]
+                replace[user_i] = [_make_node("DynamicQuantizeMatMul",
+                                              [user.inputs[0], stem, stem + "_scale", stem + "_zero"],
+                                              [user.outputs[0]], domain=_MS_DOMAIN)]
+            drop.update((cast_i, mul_i))
+            removed_tensors.update((name, scale_name))
+            integer += 1
+            continue
         try:
             np.broadcast_shapes(q.shape, s.shape)
         except ValueError:
@@ -317,6 +352,8 @@ def _prepare(buf: memoryview) -> Prepared | None:
         removed_tensors.update((name, scale_name))
     if not weights and not gathered:
         return None
+    if int8_matmul and not integer:
+        return None  # nothing to run in integers: the caller falls back to the float graph
 
     # Large int8 tables left in the graph (the gathered embeddings) are handed over as views of
     # the file's bytes too, so onnxruntime parses a graph of a few hundred kilobytes.
@@ -348,4 +385,10 @@ def _prepare(buf: memoryview) -> Prepared | None:
     graph = b"".join(parts)
     model = b"".join(_put(_MODEL_GRAPH, graph) if number == _MODEL_GRAPH else buf[start:end]
                      for number, _w, _v, start, end in top)
-    return Prepared(model, {**views, **weights}, folded=len(weights), gathered=gathered)
+    if integer and not any(
+            n == _MODEL_OPSET and w == 2 and any(f == _OPSET_DOMAIN and _text(v2) == _MS_DOMAIN
+                                                 for f, _w2, v2, _s2, _e2 in _fields(v))
+            for n, w, v, _s, _e in top):
+        model += _put(_MODEL_OPSET, _put(_OPSET_DOMAIN, _MS_DOMAIN.encode()) + _put_int(_OPSET_VERSION, 1))
+    return Prepared(model, {**views, **weights}, folded=len(weights) - 3 * integer, gathered=gathered,
+                    integer=integer)

@@ -161,6 +161,13 @@ class Collection:
         except ValueError:
             return None
 
+    @property
+    def embedding_compute(self) -> str | None:
+        """How the documents' vectors were computed (``embedding_compute`` in the manifest:
+        MiniLM's "fp32" or "int8", adr/0038), which queries are computed with too; None when
+        not recorded (a collection from before the record: fp32)."""
+        return self.manifest.get("embedding_compute") or None
+
     def vectors(self):
         """The LanceDB table at the published version, or None for a BM25-only collection."""
         if not self._vectors_loaded:
@@ -274,7 +281,10 @@ class Collection:
                 MiniLMEmbedder.provider, MiniLMEmbedder.model_name, str(MiniLMEmbedder.dimensions)):
             return
         # At the documents' length: the query embedder is built at it (rankers.query_embedder).
-        self._warm = MiniLMEmbedder.start_warm(self.embedding_max_length) or False
+        from ..embedding.embedders import UNRECORDED_COMPUTE  # loaded with MiniLMEmbedder: no cost
+
+        self._warm = MiniLMEmbedder.start_warm(self.embedding_max_length,
+                                               self.embedding_compute or UNRECORDED_COMPUTE) or False
 
     def fetch_chunk(self, chunk_id: str) -> ChunkResponse:
         from .models import ChunkCitation, ChunkResponse, FetchChunkRequest

@@ -12,7 +12,7 @@ import numpy as np
 from . import bm25
 from ..errors import DenseUnavailable, EmbedderError, EmbedderMismatch, InvalidRequest
 
-_embedders: dict[tuple, object] = {}  # (name, max_length) -> embedder
+_embedders: dict[tuple, object] = {}  # (name, max_length, compute) -> embedder
 _embedders_lock = threading.Lock()
 
 
@@ -25,26 +25,34 @@ def query_embedder(collection, *, probe: bool = True):
     manifest = collection.embedding
     embedder = collection.embedder
     length = collection.embedding_max_length  # queries are embedded at the documents' length
+    compute = collection.embedding_compute  # and computed as they were (None: not recorded)
     if embedder is None:
         name = collection.manifest.get("embedder")
         with _embedders_lock:
-            embedder = _embedders.get((name, length))
+            embedder = _embedders.get((name, length, compute))
             if embedder is None:
-                from ..embedding.embedders import get_embedder
+                from ..embedding.embedders import UNRECORDED_COMPUTE, get_embedder
 
+                options = {"max_length": length} if length else {}
+                # Computed as the documents were (not recorded: fp32) for embedders with a
+                # compute mode; the others are built without it, then without any option
+                # (the checks below decide).
+                attempts = [{**options, "compute": compute or UNRECORDED_COMPUTE}, options]
+                attempts += [{}] if options else []
                 try:
-                    try:
-                        embedder = get_embedder(name, **({"max_length": length} if length else {}))
-                    except EmbedderError:
-                        if not length:
-                            raise
-                        embedder = get_embedder(name)  # no such option: the check below decides
+                    for i, attempt in enumerate(attempts):
+                        try:
+                            embedder = get_embedder(name, **attempt)
+                            break
+                        except EmbedderError:
+                            if i == len(attempts) - 1:
+                                raise
                 except EmbedderError:
                     raise DenseUnavailable(
                         f"this server has no embedder '{name}' for the collection's queries; "
                         "use mode bm25 or pass a query vector"
                     ) from None
-                _embedders[(name, length)] = embedder
+                _embedders[(name, length, compute)] = embedder
     known = probe or getattr(embedder, "_dimensions", 0) is not None
     got = (embedder.provider, embedder.model_name,
            int(embedder.dimensions) if known else manifest.dimensions)
@@ -60,6 +68,16 @@ def query_embedder(collection, *, probe: bool = True):
             f"the server's embedder embeds queries at max_length {got_length}; the collection's "
             f"documents were embedded at max_length {length}"
         )
+    got_compute = getattr(embedder, "compute", None)
+    if isinstance(got_compute, str):
+        from ..embedding.embedders import UNRECORDED_COMPUTE
+
+        want_compute = compute or UNRECORDED_COMPUTE
+        if got_compute != want_compute:
+            raise EmbedderMismatch(
+                f"the server's embedder computes query vectors with {got_compute}; the collection's "
+                f"documents were embedded with compute {want_compute}"
+            )
     return embedder
 
 
