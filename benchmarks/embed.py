@@ -9,7 +9,7 @@ always gets the quieter machine; chunks/s is the median over ``--repeats``.
 
 Targets (issue 14): ours/reference >= 1.0 at 128 and at 256, and >= 1.5 at the
 length the product embeds with (MiniLMEmbedder's default, 128). ``--compute fp32,int8``
-measures each of MiniLM's compute modes (adr/0038) in the same run, interleaved, and
+measures each of MiniLM's compute modes (adr/0040) in the same run, interleaved, and
 prints how close the int8 vectors are to the fp32 ones (cosine per chunk).
 
     python benchmarks/embed.py [--sample 1000] [--repeats 3] [--lengths 128,256] [--compute fp32,int8]

@@ -1,4 +1,4 @@
-"""The BM25 ranking's shortcuts (adr/0038-rank-per-query-overhead.md) against the plain
+"""The BM25 ranking's shortcuts (adr/0039-bm25-per-query-overhead.md) against the plain
 computation, on one real collection built by ingest: a one-term query served from the term's
 cached head, the candidate paths of a longer query, ``matched_terms`` from a set of a short
 list's ids or a ``searchsorted`` of a long one, and a reader with hidden documents.

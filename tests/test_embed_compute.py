@@ -1,4 +1,4 @@
-"""MiniLM's compute modes (adr/0038): "fp32" (weights dequantised, float matrices) and "int8"
+"""MiniLM's compute modes (adr/0040): "fp32" (weights dequantised, float matrices) and "int8"
 (the shipped int8 matrices multiplied in integers with activations quantised at run time).
 A collection records the mode its vectors were computed with (``embedding_compute``), its
 queries are embedded the same way, and a collection from before the record stays fp32.

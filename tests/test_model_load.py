@@ -45,7 +45,7 @@ def _folded_session(model_file):
 def test_shipped_model_is_rewritten_and_gives_the_vectors_onnxruntime_folding_gives():
     """Every int8 weight is dequantised before onnxruntime sees the graph (nothing left for its
     constant folding), and the vectors equal those of the old, folding session."""
-    ours = MiniLMEmbedder(batch_size=4, compute="fp32")  # the float graph (int8 compute: adr/0038)
+    ours = MiniLMEmbedder(batch_size=4, compute="fp32")  # the float graph (int8 compute: adr/0040)
     model_file, _tok = ours._model_files()
     prepared = onnx_graph.prepare(model_file.read_bytes())
     assert prepared is not None

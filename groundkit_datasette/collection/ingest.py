@@ -304,7 +304,7 @@ def embedding_max_length(embedder) -> int | None:
 
 
 # The manifest key of how the embedder computed the vectors (MiniLM's ``compute``: "fp32" or
-# "int8", adr/0038), for the embedders that have one: queries are embedded the same way. A
+# "int8", adr/0040), for the embedders that have one: queries are embedded the same way. A
 # collection without the record was embedded in fp32 (embedders.UNRECORDED_COMPUTE).
 COMPUTE_KEY = "embedding_compute"
 

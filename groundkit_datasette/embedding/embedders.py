@@ -156,7 +156,7 @@ def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: 
     return tokenizer, session, inputs, output
 
 
-# How MiniLM's int8 export is run (adr/0038); the default is MiniLMEmbedder's.
+# How MiniLM's int8 export is run (adr/0040); the default is MiniLMEmbedder's.
 COMPUTE_MODES = ("fp32", "int8")
 UNRECORDED_COMPUTE = "fp32"  # the only mode before the record existed
 
@@ -173,7 +173,7 @@ class MiniLMEmbedder(Embedder):
     for throughput, and much steadier when other processes share the cores.
     Small batches (8) keep activations in cache; larger ones were slower.
 
-    ``compute`` is how the int8 export is run (adr/0038): ``"int8"`` (default) multiplies
+    ``compute`` is how the int8 export is run (adr/0040): ``"int8"`` (default) multiplies
     the int8 weights with activations quantised at run time, one text per call (the activation scale covers
     the whole input, so a batch would make a text's vector depend on its neighbours);
     ``"fp32"`` dequantises the weights and multiplies in float (adr/0037), as every

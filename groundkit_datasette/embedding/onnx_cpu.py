@@ -28,7 +28,7 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int
     most of a fresh process's model load. ``prepack=False`` skips packing the matrix
     weights at creation (cheaper to create, the same results; each run packs instead):
     for a process that embeds one query. ``int8_matmul`` runs the int8 matrices in integers
-    (``onnx_graph.prepare``, adr/0038) and raises ValueError for a model it cannot rewrite so,
+    (``onnx_graph.prepare``, adr/0040) and raises ValueError for a model it cannot rewrite so,
     rather than fall back to float vectors. Raises whatever onnxruntime raises; callers
     turn it into their own error.
 

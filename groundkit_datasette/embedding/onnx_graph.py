@@ -225,7 +225,7 @@ def prepare(model_bytes: bytes, *, int8_matmul: bool = False) -> Prepared | None
     """The model with its int8 ``Cast``/``Mul`` weights dequantised here, or None when
     the graph has no such weights or is not in a shape this reader handles.
 
-    ``int8_matmul`` (adr/0038): each int8 matrix with one scale per output column that only
+    ``int8_matmul`` (adr/0040): each int8 matrix with one scale per output column that only
     ``MatMul`` nodes read (as their second input) is not dequantised; those nodes become
     onnxruntime's ``DynamicQuantizeMatMul``, which quantises the activations to uint8 at run
     time (one scale and zero point per call, over the whole input tensor) and multiplies
@@ -326,7 +326,7 @@ def _prepare(buf: memoryview, int8_matmul: bool = False) -> Prepared | None:
             # scales as the 1-D per-column vector the op takes. Not int8 itself: onnxruntime's
             # uint8 x int8 kernel on AVX2 without VNNI (vpmaddubsw) saturates pairs of products
             # at 16 bits, so its sums are wrong where activations and weights are both large,
-            # and differ between CPUs; uint8 x uint8 sums exactly everywhere (adr/0038).
+            # and differ between CPUs; uint8 x uint8 sums exactly everywhere (adr/0040).
             stem = f"{name}/groundkit_u8"
             weights[stem] = np.ascontiguousarray((q.astype(np.int16) + 128).astype(np.uint8))
             weights[stem + "_scale"] = np.ascontiguousarray(s.reshape(-1), dtype=np.float32)

@@ -307,7 +307,7 @@ def top_rows(conn: sqlite3.Connection, query: str, depth: int, cache: dict | Non
 
     A one-term query (the term once) is a prefix of the term's own ranking, derived once per
     cached term (:meth:`Postings.head`); others are cut by :func:`top_candidates`'s bound and
-    ordered. See adr/0038-rank-per-query-overhead.md."""
+    ordered. See adr/0039-bm25-per-query-overhead.md."""
     terms, counts = query_terms(query)
     if not terms:
         return [], []

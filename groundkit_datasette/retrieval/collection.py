@@ -164,7 +164,7 @@ class Collection:
     @property
     def embedding_compute(self) -> str | None:
         """How the documents' vectors were computed (``embedding_compute`` in the manifest:
-        MiniLM's "fp32" or "int8", adr/0038), which queries are computed with too; None when
+        MiniLM's "fp32" or "int8", adr/0040), which queries are computed with too; None when
         not recorded (a collection from before the record: fp32)."""
         return self.manifest.get("embedding_compute") or None
 
