@@ -41,6 +41,16 @@ def write_corpus(root: Path) -> Path:
     return root
 
 
+@pytest.fixture(autouse=True)
+def _mcp_discover_waits_like_every_other_request(monkeypatch):
+    """The mcp SDK gives ``server/discover`` a fixed 10 s, and a stdio server still importing
+    on a loaded machine (CI beside other jobs) can take longer to read its first message; the
+    tests give every other request 60 s (``read_timeout_seconds``), so discover gets the same."""
+    import mcp.client.session as session
+
+    monkeypatch.setattr(session, "DISCOVER_TIMEOUT_SECONDS", 60.0)
+
+
 @pytest.fixture
 def corpus(tmp_path) -> Path:
     return write_corpus(tmp_path / "corpus")
