@@ -231,9 +231,10 @@ def without_index_file(index: Path, name: str, work: Path) -> tuple[Path, str]:
                           lambda conn: conn.execute("DELETE FROM groundkit_manifest WHERE key = 'vector_index'"))
 
 
-def real_model_copy(index: Path, name: str, work: Path) -> tuple[Path, str]:
+def real_model_copy(index: Path, name: str, work: Path, compute: str = "int8") -> tuple[Path, str]:
     """The collection with a manifest naming the default MiniLM: a fresh process then loads the
-    real model."""
+    real model. ``compute``: the ``embedding_compute`` record (adr/0040; what an ingest with
+    today's default writes is "int8"; "fp32" is a collection written before that record)."""
     from groundkit_datasette.embedding.embedders import MiniLMEmbedder
     from groundkit_datasette.plugins import DEFAULT_EMBEDDER
 
@@ -242,8 +243,12 @@ def real_model_copy(index: Path, name: str, work: Path) -> tuple[Path, str]:
                            ("embedding_model", MiniLMEmbedder.model_name),
                            ("embedding_dimensions", str(MiniLMEmbedder.dimensions))):
             conn.execute("UPDATE groundkit_manifest SET value = ? WHERE key = ?", (value, key))
+        conn.execute("DELETE FROM groundkit_manifest WHERE key = 'embedding_compute'")
+        if compute != "fp32":
+            conn.execute("INSERT INTO groundkit_manifest (key, value) VALUES ('embedding_compute', ?)",
+                         (compute,))
 
-    return _manifest_copy(index, name, work, "real-model", "minilm", edit)
+    return _manifest_copy(index, name, work, "real-model", f"minilm-{compute}", edit)
 
 
 def prepare_baselines(index: Path, name: str, work: Path):
@@ -290,6 +295,9 @@ def main(argv=None):
                     help="a checkout of the code to compare with (e.g. a worktree at the commit before "
                          "adr/0037): the real-MiniLM rows' 'before' is then that code on the same collection, "
                          "runs interleaved with ours, instead of the LanceDB path")
+    ap.add_argument("--compute", default="int8", choices=("int8", "fp32"),
+                    help="the real-MiniLM copy's embedding_compute record (int8: a collection "
+                         "ingested with today's default; fp32: one written before adr/0040)")
     ap.add_argument("--real-only", action="store_true",
                     help="only the rows judged against the target (bm25 and hybrid with the real MiniLM)")
     args = ap.parse_args(argv)
@@ -322,7 +330,7 @@ def main(argv=None):
                 "bm25": median_runs(_CHILD_BM25S.format(path=str(bm25s_dir), query=QUERY), args.repeats),
                 "dense": median_runs(_CHILD_NUMPY.format(path=str(npy)), args.repeats),
             }
-        real_index, real_name = real_model_copy(index, name, work)
+        real_index, real_name = real_model_copy(index, name, work, args.compute)
         runs = []
         if not args.real_only:
             # The same collections read the old way (no index file: LanceDB imported and read).
