@@ -210,30 +210,23 @@ def built(cls, values: dict):
 
 def built_whole(cls, data: dict):
     """:func:`built` for ``data`` that holds every field of ``cls``, in declaration order,
-    and nothing else: the dict becomes the instance's own (the caller lets go of it). A
-    search builds its hits this way; tests/test_bm25_topk.py checks them against validation."""
-    instance = _new(cls)
-    _set(instance, "__dict__", data)
-    # Every field is set: one set per class, copied by pydantic before any change
-    # (``model_copy``); nothing here or in pydantic mutates it in place.
-    fields_set = _ALL_SET.get(cls)
-    if fields_set is None:
-        fields_set = _ALL_SET[cls] = set(cls.model_fields)
-    _set_fields(instance, fields_set)
-    _set_extra(instance, None)
-    _set_private(instance, None)
-    return instance
+    and nothing else: the dict becomes the instance's own (the caller lets go of it).
+    tests/test_bm25_topk.py checks such models against validation."""
+    build = _WHOLE_BUILDERS.get(cls)
+    if build is None:
+        build = _WHOLE_BUILDERS[cls] = whole_builder(cls)
+    return build(data)
 
 
-_ALL_SET: dict = {}
+_WHOLE_BUILDERS: dict = {}
 
 
 def whole_builder(cls):
     """:func:`built_whole` for one class, as a function of ``data`` alone (a search builds
     two models per hit this way: no per-call lookups)."""
-    fields_set = _ALL_SET.get(cls)
-    if fields_set is None:
-        fields_set = _ALL_SET[cls] = set(cls.model_fields)
+    # Every field is set: one set per class, copied by pydantic before any change
+    # (``model_copy``); nothing here or in pydantic mutates it in place.
+    fields_set = set(cls.model_fields)
     new, set_dict, set_fields, set_extra, set_private = (
         _new, _set, _set_fields, _set_extra, _set_private)
 
