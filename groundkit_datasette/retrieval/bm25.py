@@ -6,6 +6,7 @@ when access lists hide chunks.
 import sqlite3
 from collections import Counter
 from functools import lru_cache
+from itertools import compress
 
 import numpy as np
 
@@ -183,18 +184,28 @@ def _query_postings(conn, query: str, cache: dict | None):
     return postings, repeats or [1] * len(postings)
 
 
-@lru_cache(maxsize=1024)  # beside query_words: the ranking's view of the same tokens
 def query_terms(query: str) -> tuple[tuple[str, ...], tuple[int, ...] | None]:
     """The query's distinct terms in sorted order (the order their weights are summed in),
     and how often the query repeats each one (None when no term is repeated). A word the query
     repeats counts as often as it is repeated (as in Lucene and bm25s): in a long,
     natural-language query the repeated words carry the topic."""
-    tokens = [t for _, t in query_words(query)]  # tokenize(query), kept for matched_terms
-    terms = tuple(sorted(set(tokens)))
-    if len(terms) == len(tokens):
-        return terms, None
-    counts = Counter(tokens)
-    return terms, tuple(counts[t] for t in terms)
+    terms, counts, _words = _plan(query)
+    return terms, counts
+
+
+@lru_cache(maxsize=1024)  # beside query_words: the ranking's and matched_terms' view of it
+def _plan(query: str):
+    """``(terms, counts, words)``: the query's distinct terms (sorted), how often each is
+    repeated (None: none is), and each distinct word in query order with the index of its
+    term among ``terms`` (what :func:`matched_terms` reports)."""
+    words = query_words(query)  # tokenize(query), each token beside its word
+    terms = sorted({t for _, t in words})
+    index = {t: j for j, t in enumerate(terms)}
+    counts = None
+    if len(terms) != len(words):
+        repeats = Counter(t for _, t in words)
+        counts = tuple(repeats[t] for t in terms)
+    return tuple(terms), counts, tuple((w, index[t]) for w, t in dict(words).items())
 
 
 _ABSENT = object()  # not in the postings cache (None there: not in the collection)
@@ -308,17 +319,30 @@ def top_rows(conn: sqlite3.Connection, query: str, depth: int, cache: dict | Non
     A one-term query (the term once) is a prefix of the term's own ranking, derived once per
     cached term (:meth:`Postings.head`); others are cut by :func:`top_candidates`'s bound and
     ordered. See adr/0039-bm25-per-query-overhead.md."""
-    terms, counts = query_terms(query)
+    terms, counts, _words = _plan(query)
     if not terms:
         return [], []
-    postings, repeats = _present(conn, terms, counts, cache)
+    found = _lookup(conn, terms, cache)
+    postings = [p for p in found if p is not None]
     if not postings:
         return [], []
-    if len(postings) == 1 and repeats is None and depth <= Postings.TOP_KEPT:
+    if len(postings) == 1 and counts is None and depth <= Postings.TOP_KEPT:
         ids, scores = postings[0].head(ranks)
-        return ids[:depth].tolist(), scores[:depth].tolist()
+        ids = ids[:depth].tolist()
+        if cache is not None:  # every chunk of the term's head holds the term
+            cache[HELD] = (query, 1 << found.index(postings[0]), ids)
+        return ids, scores[:depth].tolist()
+    repeats = None if counts is None else [n for p, n in zip(found, counts) if p is not None]
     ids, scores = _candidates(postings, repeats, depth, cache)
     return in_rank_order(ids, scores, depth, ranks)
+
+
+# The postings cache's entry for the last one-term ranking served from a term's head:
+# ``(query, mask, [row id])``, every one of those rows holding the query terms of ``mask``
+# (bit j: term j of the query's sorted terms), so :func:`matched_terms` answers them
+# without asking the term again. A fact about the collection, true whichever reader
+# ranked; a later ranking replaces it.
+HELD = ("held",)  # never a term: terms are strings
 
 
 SORT_ALL = 256
@@ -434,8 +458,12 @@ def query_words(query: str) -> tuple[tuple[str, str], ...]:
     """``(word, term)`` for each indexed token of ``query``, in query order: the terms
     :func:`tokenize` gives, each beside the lower-cased word it came from (a CJK run gives
     its bigrams, each its own word). Stop words have no term and are left out."""
+    low = query.lower()
+    if low.isascii():  # no CJK run: the words left after the stop words, stemmed in one call
+        words = [t for t in _TOKEN.findall(low) if t not in STOP_WORDS]
+        return tuple(zip(words, _stemmer.stemWords(words)))
     out = []
-    for token in _TOKEN.findall(query.lower()):
+    for token in _TOKEN.findall(low):
         if _CJK_CHAR.match(token):
             out += [(b, b) for b in cjk_bigrams(token)]
         elif token not in STOP_WORDS:
@@ -467,27 +495,44 @@ def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | N
     Each term answers for every row at once (:meth:`Postings.holds`): from a set of its row
     ids when its list is short, else by one ``searchsorted`` of the rows in its ascending ids
     (logarithmic in the postings)."""
-    terms, words = _match_plan(query)
+    terms, _counts, words = _plan(query)
     rows = row_ids.tolist() if isinstance(row_ids, np.ndarray) else list(row_ids)
     if not terms or not rows:
         return [[] for _ in rows]
+    held = cache.get(HELD) if cache is not None else None
+    if held is not None and held[0] == query:  # rows of the search's own ranking (HELD)
+        kept = held[2]
+        if rows == kept[:len(rows)] or set(rows).issubset(kept):
+            mask = held[1]
+            found = [w for w, j in words if mask >> j & 1]
+            return [found[:] for _ in rows]
     found = _lookup(conn, terms, cache)
     wanted = []  # the rows as int32 (the postings' own type: nothing is copied), made once
     held = [p.holds(rows, wanted) if p is not None else None for p in found]
-    pairs = [(w, held[j]) for w, j in words if held[j] is not None]
-    if not pairs:
-        return [[] for _ in rows]
-    return [[w for w, h in pairs if h[i]] for i in range(len(rows))]
+    out = [[] for _ in rows]
+    for w, j in words:  # each word, in query order, appended to the rows holding its term
+        if held[j] is not None:
+            for words_of_row in compress(out, held[j]):
+                words_of_row.append(w)
+    return out
 
 
-@lru_cache(maxsize=1024)
 def _match_plan(query: str) -> tuple[tuple[str, ...], tuple[tuple[str, int], ...]]:
     """The query's distinct terms (sorted) and each distinct word, in query order, with the
     index of its term among them."""
-    words = query_words(query)
-    terms = tuple(sorted({t for _, t in words}))
-    index = {t: j for j, t in enumerate(terms)}
-    return terms, tuple((w, index[t]) for w, t in dict(words).items())
+    terms, _counts, words = _plan(query)
+    return terms, words
+
+
+def clear_query_caches() -> None:
+    """Forget every query's tokens (:func:`query_words` and the plan derived from them): what
+    a benchmark does to time a query as if it were new, as bm25s keeps none."""
+    query_words.cache_clear()
+    _plan.cache_clear()
+
+
+# Older callers clear these by name: each clears every query cache.
+query_terms.cache_clear = _match_plan.cache_clear = clear_query_caches
 
 
 def term_rows(conn: sqlite3.Connection, query: str, cache: dict | None = None) -> list[np.ndarray]:
