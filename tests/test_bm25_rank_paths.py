@@ -120,3 +120,95 @@ def test_a_reader_with_hidden_documents_ranks_as_the_plain_computation(corpus):
             want = [(chunk_of[i], -s) for s, _r, i in plain[:10]]
             hits = view.search(SearchRequest(query=query, mode="bm25", top_k=10)).hits
             assert [(h.chunk_id, h.score) for h in hits] == want, query
+
+
+def _membership(col, query, rows):
+    """matched_terms as the plain computation: each distinct word (query order) whose term's
+    stored postings hold the row."""
+    words = dict(bm25.query_words(query))
+    holders = {w: _postings(col, t) for w, t in words.items()}
+    return [[w for w in words if r in holders[w]] for r in rows]
+
+
+def test_matched_terms_of_a_one_term_ranking_come_from_its_head(corpus):
+    """A one-term search's ranking leaves its rows (bm25.HELD) for the same search's
+    matched_terms: the same answer as asking the postings, for the rows as ranked, a later
+    page, a reordered subset, rows outside the ranking (asked again), and another query's
+    rows (never answered from this query's entry)."""
+    one_term = ["harbour", "ferry", "uniq7", "the harbour of", "zzunknown harbour",
+                "Harbour", "東京"]
+    with Collection.open("paths", index_dir=corpus) as col:
+        cache = col.postings_cache
+        outside = [r[0] for r in col.query("SELECT id FROM chunks ORDER BY id")]
+        for query in one_term:
+            for depth in (1, 10, 128):
+                ids, _ = rankers.bm25_top_rows(col, query, depth, None)
+                assert ids and cache[bm25.HELD][0] == query, query
+                for rows in (ids, ids[3:], ids[::-1][:5], ids + outside[:40],
+                             outside[-5:]):
+                    assert bm25.matched_terms(col._conn, query, rows, cache) == \
+                        _membership(col, query, rows), (query, depth)
+                other = "tide gull"
+                assert bm25.matched_terms(col._conn, other, ids, cache) == \
+                    _membership(col, other, ids)
+        # The whole search: each hit's matched_terms and lexical_match (any chunk holding a
+        # query word, on this page or not) as the postings say.
+        for query in one_term:
+            response = col.search(query=query, mode="bm25", top_k=10, offset=2)
+            rows = [r[0] for r in (col.query("SELECT id FROM chunks WHERE chunk_id = ?",
+                                             (h.chunk_id,))[0] for h in response.hits)]
+            assert [h.matched_terms for h in response.hits] == _membership(col, query, rows)
+            assert response.lexical_match is any(_postings(col, t) for _, t in bm25.query_words(query))
+
+
+def _words_reference(query):
+    """query_words as the general loop computes it: every token of the writer's pattern,
+    lower-cased, CJK runs as bigrams, stop words left out, each word stemmed alone."""
+    from groundkit_datasette.collection import terms
+
+    out = []
+    for token in terms._TOKEN.findall(query.lower()):
+        if terms._CJK_CHAR.match(token):
+            out += [(b, b) for b in terms.cjk_bigrams(token)]
+        elif token not in terms.STOP_WORDS:
+            out.append((token, terms._stemmer.stemWord(token)))
+    return tuple(out)
+
+
+TOKEN_QUERIES = QUERIES + [
+    "Running runners RAN easily", "don't stop-words: the, a, an!", "x_y z9 3.14 a1b2",
+    "caf\u00e9 na\u00efve r\u00e9sum\u00e9", "\u212aelvin", "Stra\u00dfe", "", "   ", "the",
+    "cells cell CELLS cellular", "東京 and tokyo", "ﬁle ligature", "İstanbul",
+]
+
+
+def test_query_words_ascii_path_equals_the_general_tokenizer():
+    """The ASCII path (one stemWords call) gives the general loop's words and terms for
+    ASCII queries, and non-ASCII ones (accents, a Kelvin sign that lower-cases to ASCII,
+    CJK) still take the loop; the terms are what ingest's tokenize indexes."""
+    bm25.clear_query_caches()
+    for query in TOKEN_QUERIES:
+        assert bm25.query_words(query) == _words_reference(query), query
+        assert [t for _, t in bm25.query_words(query)] == bm25.tokenize(query), query
+
+
+def test_the_query_plan_matches_its_definitions():
+    """query_terms (sorted distinct terms, repeat counts) and _match_plan (distinct words in
+    query order, each with its term's index) from the one cached plan, and
+    clear_query_caches (and the older per-function names) forget them all."""
+    from collections import Counter
+
+    for query in TOKEN_QUERIES:
+        tokens = [t for _, t in _words_reference(query)]
+        terms = tuple(sorted(set(tokens)))
+        counts = None if len(terms) == len(tokens) else tuple(Counter(tokens)[t] for t in terms)
+        assert bm25.query_terms(query) == (terms, counts), query
+        plan_terms, words = bm25._match_plan(query)
+        assert plan_terms == terms
+        assert words == tuple((w, terms.index(t)) for w, t in dict(_words_reference(query)).items())
+    for clear in (bm25.clear_query_caches, bm25.query_terms.cache_clear,
+                  bm25._match_plan.cache_clear):
+        bm25.query_terms("harbour ferry")
+        clear()
+        assert bm25.query_words.cache_info().currsize == 0
+        assert bm25._plan.cache_info().currsize == 0
