@@ -3,7 +3,8 @@
 ``bm25.py`` interleaves about twenty variants per pass, so each one starts its 300 queries
 with the CPU caches the others left; here only the search as each surface runs it and the
 baseline alternate, each with the query-token caches kept and not kept (bm25s keeps none).
-CPU time per query of this process, median of the passes.
+CPU time per query of this process, median of the passes: the mean query of a pass and
+the pass's median query (p50, the target's figure).
 
     python benchmarks/bm25_pair.py --collection nfcorpus_approx.sqlite3 --corpus nfcorpus_approx
     python benchmarks/bm25_pair.py --collection debian-docs.sqlite3   # synthetic queries
@@ -68,23 +69,33 @@ def main(argv=None):
         for q in queries:
             fn(q)
     cpu = {k: [] for k in variants}
+    p50 = {k: [] for k in variants}  # the median query of each pass (the target's p50)
     labels = list(variants)
     for n in range(args.passes):
         for label in labels[n % len(labels):] + labels[:n % len(labels)]:
             fn = variants[label]
+            used = []
             t = time.process_time()
             for q in queries:
+                u = time.process_time()
                 fn(q)
+                used.append(time.process_time() - u)
             cpu[label].append((time.process_time() - t) / len(queries) * 1000)
+            p50[label].append(sorted(used)[len(used) // 2] * 1000)
             if label.endswith("tokens not kept"):
                 for q in queries:  # untimed: the kept variants find the queries' tokens kept
                     bm25.query_terms(q)
     med = {k: sorted(v)[len(v) // 2] for k, v in cpu.items()}
-    base = med["bm25s-numba retrieve (tokenizes every query)"]
+    mid = {k: sorted(v)[len(v) // 2] for k, v in p50.items()}
+    label = "bm25s-numba retrieve (tokenizes every query)"
+    base, base_p50 = med[label], mid[label]
     print(f"# {path.name}: {col.chunk_total():,} chunks, {len(queries)} queries; {c.machine()}; "
-          f"CPU ms per query, median of {args.passes} passes")
-    rows = [[k, v, base, v / base, "met" if v / base <= 1.0 else "MISSED"] for k, v in med.items()]
-    print(c.table(["what", "ours ms", "bm25s-numba ms", "ratio", "<= 1.0"], rows))
+          f"CPU ms per query, median of {args.passes} passes: the mean query of a pass, and its "
+          "median query (p50, what issue 14's target names; the two engines' spreads differ)")
+    rows = [[k, v, base, v / base, mid[k], base_p50, mid[k] / base_p50,
+             "met" if mid[k] / base_p50 <= 1.0 else "MISSED"] for k, v in med.items()]
+    print(c.table(["what", "mean ms", "bm25s mean", "ratio", "p50 ms", "bm25s p50", "p50 ratio",
+                   "p50 <= 1.0"], rows))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ a query is a handful of indexed blob reads and a vector sum, with IDF redone per
 when access lists hide chunks.
 """
 
+import re  # imported by collection/terms.py already
 import sqlite3
 from collections import Counter
 from functools import lru_cache
@@ -453,6 +454,11 @@ def _buffers(cache: dict | None, size: int):
 # -- which query words a chunk holds (matched_terms, lexical_match) -------------------
 
 
+# _TOKEN on a string without CJK characters: its second branch, ``[^\W<CJK>]+``, is \w+
+# there (2.5x cheaper to run than the whole pattern on a query).
+_ASCII_WORD = re.compile(r"\w+")
+
+
 @lru_cache(maxsize=1024)  # a search asks three times (ranking, matched_terms, term_rows)
 def query_words(query: str) -> tuple[tuple[str, str], ...]:
     """``(word, term)`` for each indexed token of ``query``, in query order: the terms
@@ -460,7 +466,7 @@ def query_words(query: str) -> tuple[tuple[str, str], ...]:
     its bigrams, each its own word). Stop words have no term and are left out."""
     low = query.lower()
     if low.isascii():  # no CJK run: the words left after the stop words, stemmed in one call
-        words = [t for t in _TOKEN.findall(low) if t not in STOP_WORDS]
+        words = [t for t in _ASCII_WORD.findall(low) if t not in STOP_WORDS]
         return tuple(zip(words, _stemmer.stemWords(words)))
     out = []
     for token in _TOKEN.findall(low):
