@@ -106,6 +106,31 @@ print(json.dumps({{"hits": 1, "import_s": t1 - t0, "open_s": t2 - t1, "query_s":
 """
 
 
+# The floor under any answer built on the same libraries (adr/0041): a fresh process imports
+# them and does each one's first piece of work (one pydantic model validated, the tokenizer file
+# read), nothing of ours. The hybrid floor leaves the model's session out: building it holds no
+# GIL, so it can overlap the imports on a second core.
+_CHILD_FLOOR = """
+import json, time
+t0 = time.perf_counter()
+import sqlite3
+import numpy
+import Stemmer
+from pydantic import BaseModel, ConfigDict
+class Floor(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    query: str
+Floor(query="x")
+Stemmer.Stemmer("english").stemWord("words")
+if {mode!r} == "hybrid":
+    import onnxruntime
+    from tokenizers import Tokenizer
+    Tokenizer.from_file({tokenizer!r})
+t1 = time.perf_counter()
+print(json.dumps({{"hits": 0, "import_s": t1 - t0, "open_s": 0.0, "query_s": 0.0}}), flush=True)
+"""
+
+
 # The query model's load alone, three ways, in fresh processes (adr/0037): ours (weights
 # dequantised in numpy, handed over from memory), onnxruntime folding the shipped file's
 # Cast/Mul at ORT_ENABLE_ALL (the session before adr/0037), and the file at ORT_DISABLE_ALL
@@ -311,6 +336,11 @@ def main(argv=None):
           f"warm page cache; bytecode compiled first as a wheel install does ({'ok' if all(compiled) else 'FAILED'})")
     floor = median_runs("print('{\"hits\": 0, \"import_s\": 0, \"open_s\": 0, \"query_s\": 0}')", args.repeats)
     minilm = median_runs(_CHILD_MINILM.format(query=QUERY), args.repeats)
+    from groundkit_datasette.embedding.embedders import MiniLMEmbedder
+
+    tokenizer = str(MiniLMEmbedder()._model_files()[1])
+    floors = {m: median_runs(_CHILD_FLOOR.format(mode=m, tokenizer=tokenizer), args.repeats)
+              for m in ("bm25", "hybrid")}
     sessions = session_variants(max(args.repeats, 3))
     rows = []
     targets = []
@@ -356,7 +386,7 @@ def main(argv=None):
                 ours, old = pair
             except RuntimeError as exc:
                 last = str(exc).strip().splitlines()[-1][:120]
-                rows.append([label, mode] + [None] * 11 + [f"failed: {last}"])
+                rows.append([label, mode] + [None] * 12 + [f"failed: {last}"])
                 continue
             judged = not synthetic or mode == "bm25"
             rows.append([label, mode, ours["wall_s"], ours["cpu_s"], ours["import_s"], ours["open_s"],
@@ -364,18 +394,24 @@ def main(argv=None):
                          ours.get("dense_ms", 0.0), "yes" if ours.get("lancedb") else "no",
                          b["wall_s"] if b else None,
                          old["wall_s"] if old else None, old["cpu_s"] if old else None,
+                         floors[mode]["wall_s"] if mode in floors else None,
                          ("met" if ours["wall_s"] < 0.5 else "MISSED") if judged else "-"])
         print(f"built/reused {name}", flush=True)
     print(f"python start floor (python -c print): {floor['wall_s']:.3f} s")
     print(c.table(["collection (chunks)", "mode", "ours wall s", "ours CPU s", "import s", "open s",
                    "1st query s", "embed s", "bm25 s", "dense s", "lancedb imported", "bm25s/numpy wall s",
-                   "before wall s", "before CPU s", "wall < 0.5 s"], rows))
+                   "before wall s", "before CPU s", "library floor s", "wall < 0.5 s"], rows))
     print("baselines: bm25 -> bm25s (BM25.load mmap=True + retrieve); dense -> numpy (np.load mmap + matmul); "
           "before -> the same collection without its index file (the LanceDB path), runs interleaved with ours"
           + (f"; for the real-MiniLM rows, the code in {args.before_tree} on the same collection. " if args.before_tree
              else ". ") +
           "CPU s: the child's user+system time, exit included (steadier than wall when the machine is loaded). "
-          "embed/bm25/dense: the first query's own timings. Judged: bm25, and hybrid with the real MiniLM.")
+          "embed/bm25/dense: the first query's own timings. Judged: bm25, and hybrid with the real MiniLM. "
+          "library floor: a fresh process that only imports the libraries the answer needs (sqlite3, numpy, "
+          "PyStemmer, pydantic with one model validated; for hybrid also onnxruntime and tokenizers with the "
+          "tokenizer file read) and does nothing of ours; the model session is left out (adr/0041).")
+    print("library floor, median wall s: " + ", ".join(f"{m} {f['wall_s']:.3f} (CPU {f['cpu_s']:.3f})"
+                                                      for m, f in floors.items()))
     print("query model load in a fresh process (median; CPU s of this process, all threads): ours = weights "
           "dequantised in numpy and handed over from memory (adr/0037); folding = onnxruntime folding the "
           "shipped file at ORT_ENABLE_ALL (before); unfolded = the file at ORT_DISABLE_ALL")

@@ -256,7 +256,7 @@ def test_load_takes_the_warmed_session_once():
     assert MiniLMEmbedder.start_warm() is None  # one warm-up per configuration
     thread.join()
     key = next(iter(embedders._warming))
-    warmed = embedders._warming[key].result()[1]
+    warmed = embedders._warming[key].result()  # the session the warm-up built
     first = MiniLMEmbedder()
     first.load()
     assert first._session is warmed
@@ -279,8 +279,43 @@ def test_a_warm_up_at_a_recorded_length_serves_the_embedder_of_that_length():
     thread.join()
     (key,) = embedders._warming
     assert key[2] == 256
-    warmed = embedders._warming[key].result()[1]
+    warmed = embedders._warming[key].result()  # the session the warm-up built
     at_256 = MiniLMEmbedder(max_length=256)
     at_256.load()
     assert at_256._session is warmed
     assert not embedders._warming
+
+
+def test_the_warm_up_thread_only_builds_the_session(monkeypatch):
+    """What holds the GIL (rewriting the graph, reading the tokenizer) runs on the thread that
+    asks; the warm-up thread only builds the session, which holds no GIL (adr/0041). In the
+    thread, the rewrite and the tokenizer took turns with the asking thread's imports and made
+    the first hybrid answer wait."""
+    import threading
+
+    import tokenizers
+
+    from groundkit_datasette.embedding import embedders
+
+    where = []
+
+    def recorded(name, fn):
+        def call(*args, **kwargs):
+            where.append((name, threading.current_thread().name))
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(onnx_graph, "prepare", recorded("rewrite", onnx_graph.prepare))
+    monkeypatch.setattr(ort, "InferenceSession", recorded("session", ort.InferenceSession))
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_file",
+                        staticmethod(recorded("tokenizer", tokenizers.Tokenizer.from_file)))
+    embedders._loaded.clear()
+    embedders._warming.clear()
+    me = threading.current_thread().name
+    thread = MiniLMEmbedder.start_warm()
+    assert thread is not None
+    thread.join()
+    embedder = MiniLMEmbedder()
+    embedder.load()
+    assert where == [("rewrite", me), ("session", "groundkit-warm-minilm"), ("tokenizer", me)]
+    assert embedder.embed_query("solar panels").shape == (384,)
