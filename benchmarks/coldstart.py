@@ -203,6 +203,43 @@ def spawn(code: str) -> dict:
     return dict(json.loads(line), wall_s=wall, cpu_s=cpu)
 
 
+def cli_run(root: Path, index: Path, name: str, mode: str) -> tuple[float, float]:
+    """`groundkit search --json` in a fresh process, spawn to exit (what a shell waits for):
+    wall and CPU s."""
+    import resource
+
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from groundkit_datasette.cli import cli; "
+            "cli(prog_name='groundkit')")
+    env = dict(os.environ, LANCE_LOG="error", RUST_LOG="error")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code, str(root), "search", name, QUERY, "--index-dir", str(index),
+                          "--mode", mode, "--json"], capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        raise RuntimeError(f"groundkit search failed: {out.stderr[-2000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def cli_rows(index: Path, name: str, before_tree: Path | None, repeats: int) -> list[list]:
+    """The command line end to end, ours and (given) the tree before, runs alternating."""
+    trees = [("ours", HERE.parent)] + ([("before", Path(before_tree).resolve())] if before_tree else [])
+    rows = []
+    for mode in ("bm25", "hybrid"):
+        runs = {label: [] for label, _ in trees}
+        for i in range(repeats + 1):
+            for label, root in trees:
+                r = cli_run(root, index, name, mode)
+                if i:  # the first round warms the page cache
+                    runs[label].append(r)
+        row = [mode]
+        for label, _ in trees:
+            row += [statistics.median(w for w, _ in runs[label]), statistics.median(c for _, c in runs[label])]
+        rows.append(row)
+    return rows
+
+
 def median_runs(code: str, repeats: int) -> dict:
     runs = [spawn(code) for _ in range(repeats + 1)][1:]  # the first run warms the page cache
     return {k: statistics.median(r.get(k, 0.0) for r in runs) for k in runs[0]}
@@ -372,6 +409,7 @@ def main(argv=None):
             old_real_index, old_real_name = without_index_file(real_index, real_name, work)
             before_real = (old_real_index, old_real_name, HERE.parent)
         runs += [(real_index, real_name, mode, False, before_real) for mode in ("bm25", "hybrid")]
+        cli_table = cli_rows(real_index, real_name, args.before_tree, args.repeats)
         for run_index, run_name, mode, synthetic, before in runs:
             b = base.get(mode)
             label = f"{name} ({size:,})" + ("" if synthetic else ", real MiniLM")
@@ -417,6 +455,12 @@ def main(argv=None):
           "shipped file at ORT_ENABLE_ALL (before); unfolded = the file at ORT_DISABLE_ALL")
     print(c.table(["session", "create CPU s", "first query CPU s", "next query CPU ms", "create + first query wall s"],
                   sessions))
+    if targets:
+        print("`groundkit search --json` on the real-MiniLM copy, spawn to exit (what a shell waits for; the "
+              "exit included, unlike the table above), medians" + (", runs alternating with the tree before" if
+                                                                  args.before_tree else ""))
+        print(c.table(["mode", "ours wall s", "ours CPU s"] + (["before wall s", "before CPU s"] if args.before_tree
+                                                               else []), cli_table))
     print(f"default MiniLM in a fresh process: import {minilm['import_s']:.3f} s, model load {minilm['open_s']:.3f} s, "
           f"first embed_query {minilm['query_s']:.3f} s (wall {minilm['wall_s']:.3f} s): add to dense/hybrid "
           "when the query is text")
