@@ -106,6 +106,31 @@ print(json.dumps({{"hits": 1, "import_s": t1 - t0, "open_s": t2 - t1, "query_s":
 """
 
 
+# The floor under any answer built on the same libraries (adr/0041): a fresh process imports
+# them and does each one's first piece of work (one pydantic model validated, the tokenizer file
+# read), nothing of ours. The hybrid floor leaves the model's session out: building it holds no
+# GIL, so it can overlap the imports on a second core.
+_CHILD_FLOOR = """
+import json, time
+t0 = time.perf_counter()
+import sqlite3
+import numpy
+import Stemmer
+from pydantic import BaseModel, ConfigDict
+class Floor(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+    query: str
+Floor(query="x")
+Stemmer.Stemmer("english").stemWord("words")
+if {mode!r} == "hybrid":
+    import onnxruntime
+    from tokenizers import Tokenizer
+    Tokenizer.from_file({tokenizer!r})
+t1 = time.perf_counter()
+print(json.dumps({{"hits": 0, "import_s": t1 - t0, "open_s": 0.0, "query_s": 0.0}}), flush=True)
+"""
+
+
 # The query model's load alone, three ways, in fresh processes (adr/0037): ours (weights
 # dequantised in numpy, handed over from memory), onnxruntime folding the shipped file's
 # Cast/Mul at ORT_ENABLE_ALL (the session before adr/0037), and the file at ORT_DISABLE_ALL
@@ -176,6 +201,43 @@ def spawn(code: str) -> dict:
     # The child's CPU time (user + system, its exit included): steadier than wall under load.
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return dict(json.loads(line), wall_s=wall, cpu_s=cpu)
+
+
+def cli_run(root: Path, index: Path, name: str, mode: str) -> tuple[float, float]:
+    """`groundkit search --json` in a fresh process, spawn to exit (what a shell waits for):
+    wall and CPU s."""
+    import resource
+
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from groundkit_datasette.cli import cli; "
+            "cli(prog_name='groundkit')")
+    env = dict(os.environ, LANCE_LOG="error", RUST_LOG="error")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code, str(root), "search", name, QUERY, "--index-dir", str(index),
+                          "--mode", mode, "--json"], capture_output=True, text=True, env=env, timeout=600)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if out.returncode != 0:
+        raise RuntimeError(f"groundkit search failed: {out.stderr[-2000:]}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def cli_rows(index: Path, name: str, before_tree: Path | None, repeats: int) -> list[list]:
+    """The command line end to end, ours and (given) the tree before, runs alternating."""
+    trees = [("ours", HERE.parent)] + ([("before", Path(before_tree).resolve())] if before_tree else [])
+    rows = []
+    for mode in ("bm25", "hybrid"):
+        runs = {label: [] for label, _ in trees}
+        for i in range(repeats + 1):
+            for label, root in trees:
+                r = cli_run(root, index, name, mode)
+                if i:  # the first round warms the page cache
+                    runs[label].append(r)
+        row = [mode]
+        for label, _ in trees:
+            row += [statistics.median(w for w, _ in runs[label]), statistics.median(c for _, c in runs[label])]
+        rows.append(row)
+    return rows
 
 
 def median_runs(code: str, repeats: int) -> dict:
@@ -311,6 +373,11 @@ def main(argv=None):
           f"warm page cache; bytecode compiled first as a wheel install does ({'ok' if all(compiled) else 'FAILED'})")
     floor = median_runs("print('{\"hits\": 0, \"import_s\": 0, \"open_s\": 0, \"query_s\": 0}')", args.repeats)
     minilm = median_runs(_CHILD_MINILM.format(query=QUERY), args.repeats)
+    from groundkit_datasette.embedding.embedders import MiniLMEmbedder
+
+    tokenizer = str(MiniLMEmbedder()._model_files()[1])
+    floors = {m: median_runs(_CHILD_FLOOR.format(mode=m, tokenizer=tokenizer), args.repeats)
+              for m in ("bm25", "hybrid")}
     sessions = session_variants(max(args.repeats, 3))
     rows = []
     targets = []
@@ -342,6 +409,7 @@ def main(argv=None):
             old_real_index, old_real_name = without_index_file(real_index, real_name, work)
             before_real = (old_real_index, old_real_name, HERE.parent)
         runs += [(real_index, real_name, mode, False, before_real) for mode in ("bm25", "hybrid")]
+        cli_table = cli_rows(real_index, real_name, args.before_tree, args.repeats)
         for run_index, run_name, mode, synthetic, before in runs:
             b = base.get(mode)
             label = f"{name} ({size:,})" + ("" if synthetic else ", real MiniLM")
@@ -356,7 +424,7 @@ def main(argv=None):
                 ours, old = pair
             except RuntimeError as exc:
                 last = str(exc).strip().splitlines()[-1][:120]
-                rows.append([label, mode] + [None] * 11 + [f"failed: {last}"])
+                rows.append([label, mode] + [None] * 12 + [f"failed: {last}"])
                 continue
             judged = not synthetic or mode == "bm25"
             rows.append([label, mode, ours["wall_s"], ours["cpu_s"], ours["import_s"], ours["open_s"],
@@ -364,23 +432,35 @@ def main(argv=None):
                          ours.get("dense_ms", 0.0), "yes" if ours.get("lancedb") else "no",
                          b["wall_s"] if b else None,
                          old["wall_s"] if old else None, old["cpu_s"] if old else None,
+                         floors[mode]["wall_s"] if mode in floors else None,
                          ("met" if ours["wall_s"] < 0.5 else "MISSED") if judged else "-"])
         print(f"built/reused {name}", flush=True)
     print(f"python start floor (python -c print): {floor['wall_s']:.3f} s")
     print(c.table(["collection (chunks)", "mode", "ours wall s", "ours CPU s", "import s", "open s",
                    "1st query s", "embed s", "bm25 s", "dense s", "lancedb imported", "bm25s/numpy wall s",
-                   "before wall s", "before CPU s", "wall < 0.5 s"], rows))
+                   "before wall s", "before CPU s", "library floor s", "wall < 0.5 s"], rows))
     print("baselines: bm25 -> bm25s (BM25.load mmap=True + retrieve); dense -> numpy (np.load mmap + matmul); "
           "before -> the same collection without its index file (the LanceDB path), runs interleaved with ours"
           + (f"; for the real-MiniLM rows, the code in {args.before_tree} on the same collection. " if args.before_tree
              else ". ") +
           "CPU s: the child's user+system time, exit included (steadier than wall when the machine is loaded). "
-          "embed/bm25/dense: the first query's own timings. Judged: bm25, and hybrid with the real MiniLM.")
+          "embed/bm25/dense: the first query's own timings. Judged: bm25, and hybrid with the real MiniLM. "
+          "library floor: a fresh process that only imports the libraries the answer needs (sqlite3, numpy, "
+          "PyStemmer, pydantic with one model validated; for hybrid also onnxruntime and tokenizers with the "
+          "tokenizer file read) and does nothing of ours; the model session is left out (adr/0041).")
+    print("library floor, median wall s: " + ", ".join(f"{m} {f['wall_s']:.3f} (CPU {f['cpu_s']:.3f})"
+                                                      for m, f in floors.items()))
     print("query model load in a fresh process (median; CPU s of this process, all threads): ours = weights "
           "dequantised in numpy and handed over from memory (adr/0037); folding = onnxruntime folding the "
           "shipped file at ORT_ENABLE_ALL (before); unfolded = the file at ORT_DISABLE_ALL")
     print(c.table(["session", "create CPU s", "first query CPU s", "next query CPU ms", "create + first query wall s"],
                   sessions))
+    if targets:
+        print("`groundkit search --json` on the real-MiniLM copy, spawn to exit (what a shell waits for; the "
+              "exit included, unlike the table above), medians" + (", runs alternating with the tree before" if
+                                                                  args.before_tree else ""))
+        print(c.table(["mode", "ours wall s", "ours CPU s"] + (["before wall s", "before CPU s"] if args.before_tree
+                                                               else []), cli_table))
     print(f"default MiniLM in a fresh process: import {minilm['import_s']:.3f} s, model load {minilm['open_s']:.3f} s, "
           f"first embed_query {minilm['query_s']:.3f} s (wall {minilm['wall_s']:.3f} s): add to dense/hybrid "
           "when the query is text")

@@ -147,7 +147,6 @@ def start(self):
             real_init = ort.InferenceSession.__init__
             def init(session, *args, **kwargs):
                 seen["session built on"] = threading.current_thread().name
-                seen["tokenizers imported when the session was built"] = "tokenizers" in sys.modules
                 real_init(session, *args, **kwargs)
             ort.InferenceSession.__init__ = init
     real_start(self)
@@ -191,15 +190,14 @@ def test_first_hybrid_search_loads_the_model_before_the_rest_of_the_search(minil
 
 
 def test_the_session_is_prepared_before_the_thread_and_built_in_it(minilm_index):
-    """The searching thread imports onnxruntime and rewrites the graph (Python work, which holds
-    the GIL) before pydantic; the model thread then builds the session (onnxruntime's own work,
-    which does not) and reads the tokenizer after it, so the build runs beside the main
-    thread's imports instead of taking turns with them (adr/0037)."""
+    """The searching thread imports onnxruntime (Python work, which holds the GIL) before
+    pydantic; the model thread then builds the session (onnxruntime's own work, which does
+    not), so the build runs beside the main thread's imports instead of taking turns with
+    them (adr/0037; which thread does the rest: test_the_warm_up_thread_only_builds_the_session)."""
     fresh = _fresh_search(minilm_index, "hybrid")
     assert fresh["pydantic imported when the load started"] is False
     assert fresh["onnxruntime imported when the load started"] is True
     assert fresh["session built on"] == "groundkit-warm-minilm"
-    assert fresh["tokenizers imported when the session was built"] is False
 
 
 def test_response_models_build_their_schemas_on_first_use_and_validate_as_strictly():
@@ -256,7 +254,7 @@ def test_load_takes_the_warmed_session_once():
     assert MiniLMEmbedder.start_warm() is None  # one warm-up per configuration
     thread.join()
     key = next(iter(embedders._warming))
-    warmed = embedders._warming[key].result()[1]
+    warmed = embedders._warming[key].result()  # the session the warm-up built
     first = MiniLMEmbedder()
     first.load()
     assert first._session is warmed
@@ -279,8 +277,78 @@ def test_a_warm_up_at_a_recorded_length_serves_the_embedder_of_that_length():
     thread.join()
     (key,) = embedders._warming
     assert key[2] == 256
-    warmed = embedders._warming[key].result()[1]
+    warmed = embedders._warming[key].result()  # the session the warm-up built
     at_256 = MiniLMEmbedder(max_length=256)
     at_256.load()
     assert at_256._session is warmed
     assert not embedders._warming
+
+
+def test_the_warm_up_thread_only_builds_the_session(monkeypatch):
+    """What holds the GIL (rewriting the graph, reading the tokenizer) runs on the thread that
+    asks; the warm-up thread only builds the session, which holds no GIL (adr/0041). In the
+    thread, the rewrite and the tokenizer took turns with the asking thread's imports and made
+    the first hybrid answer wait."""
+    import threading
+
+    import tokenizers
+
+    from groundkit_datasette.embedding import embedders
+
+    where = []
+
+    def recorded(name, fn):
+        def call(*args, **kwargs):
+            where.append((name, threading.current_thread().name))
+            return fn(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(onnx_graph, "prepare", recorded("rewrite", onnx_graph.prepare))
+    monkeypatch.setattr(ort, "InferenceSession", recorded("session", ort.InferenceSession))
+    monkeypatch.setattr(tokenizers.Tokenizer, "from_file",
+                        staticmethod(recorded("tokenizer", tokenizers.Tokenizer.from_file)))
+    embedders._loaded.clear()
+    embedders._warming.clear()
+    me = threading.current_thread().name
+    thread = MiniLMEmbedder.start_warm()
+    assert thread is not None
+    thread.join()
+    embedder = MiniLMEmbedder()
+    embedder.load()
+    assert where == [("rewrite", me), ("session", "groundkit-warm-minilm"), ("tokenizer", me)]
+    assert embedder.embed_query("solar panels").shape == (384,)
+
+
+_CLI_CHILD = """
+import json, sys, threading
+seen = {}
+real_start = threading.Thread.start
+def start(self):
+    if self.name == "groundkit-warm-minilm":
+        seen["pydantic imported when the load started"] = "pydantic" in sys.modules
+    real_start(self)
+threading.Thread.start = start
+from groundkit_datasette.cli import cli
+try:
+    cli(["search", "energy", "How do batteries store energy at night?", "--index-dir", sys.argv[1],
+         "--mode", "hybrid", "--json"])
+except SystemExit as exit:
+    seen["exit"] = exit.code
+print(json.dumps(seen), file=sys.stderr)
+"""
+
+
+def test_the_cli_search_starts_the_model_load_before_validating_the_request(minilm_index):
+    """`groundkit search` hands the search its fields, so the query model starts loading
+    before pydantic is imported to validate them (adr/0041); the answer is the same."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", _CLI_CHILD, str(minilm_index)], capture_output=True,
+                         text=True, env=env, timeout=300)
+    seen = json.loads(out.stderr.strip().splitlines()[-1])
+    assert seen == {"pydantic imported when the load started": False, "exit": 0}
+    from groundkit_datasette.retrieval.collection import Collection
+
+    with Collection.open("energy", index_dir=minilm_index) as col:
+        again = col.search(query="How do batteries store energy at night?", mode="hybrid", top_k=10)
+    printed = json.loads(out.stdout)
+    assert [h["chunk_id"] for h in printed["hits"]] == [h.chunk_id for h in again.hits]

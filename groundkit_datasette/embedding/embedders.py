@@ -117,7 +117,8 @@ _loaded: set[tuple] = set()  # configurations some embedder in this process has 
 
 
 def _take_warmed(key: tuple):
-    """What ``MiniLMEmbedder.warm`` loaded (or is loading) for ``key``, once; None if nothing."""
+    """The session ``MiniLMEmbedder.start_warm`` built (or is building) for ``key``, once;
+    None if nothing."""
     with _warm_lock:
         pending = _warming.pop(key, None)
     if pending is None:
@@ -129,16 +130,11 @@ def _take_warmed(key: tuple):
 
 
 def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: int,
-                 compute: str = "fp32", create=None):
-    """(tokenizer, session, input names, output name) for the MiniLM files given; ``create``:
-    what ``onnx_cpu.pending_session`` returned for them, when the caller has prepared the
-    session already. The session comes first: creating it holds no GIL, reading the
-    tokenizer does (adr/0037)."""
-    try:
-        session = (create() if create is not None
-                   else cpu_session(Path(onnx_file), threads, int8_matmul=compute == "int8"))
-    except Exception:
-        raise EmbedderError("the MiniLM ONNX model could not be loaded") from None
+                 compute: str = "fp32", warmed=None):
+    """(tokenizer, session, input names, output name) for the MiniLM files given. ``warmed``
+    returns the session ``MiniLMEmbedder.start_warm`` built, or None. The tokenizer is read
+    first, on the caller's thread, while that session may still be building: reading it holds
+    the GIL, and in the warm-up thread it took turns with the caller's imports (adr/0041)."""
     from tokenizers import Tokenizer
 
     try:
@@ -148,6 +144,12 @@ def _load_minilm(onnx_file: str, tokenizer_file: str, max_length: int, threads: 
     # The shipped tokenizer.json pads every text to 128; we pad per batch.
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length=max_length)
+    session = warmed() if warmed is not None else None
+    if session is None:
+        try:
+            session = cpu_session(Path(onnx_file), threads, int8_matmul=compute == "int8")
+        except Exception:
+            raise EmbedderError("the MiniLM ONNX model could not be loaded") from None
     inputs = tuple(i.name for i in session.get_inputs())
     if "input_ids" not in inputs or not set(inputs) <= {"input_ids", "attention_mask", "token_type_ids"}:
         raise EmbedderError("the MiniLM ONNX model has unexpected inputs")
@@ -259,9 +261,7 @@ class MiniLMEmbedder(Embedder):
                 return
             onnx_file, tokenizer_file = self._model_files()
             key = (str(onnx_file), str(tokenizer_file), self.max_length, self._session_threads(), self.compute)
-            loaded = _take_warmed(key)
-            if loaded is None:
-                loaded = _load_minilm(*key)
+            loaded = _load_minilm(*key, warmed=lambda: _take_warmed(key))
             with _warm_lock:
                 _loaded.add(key)
             self._tokenizer, session, self._input_names, self._output = loaded
@@ -269,16 +269,17 @@ class MiniLMEmbedder(Embedder):
 
     @classmethod
     def start_warm(cls, max_length: int | None = None, compute: str | None = None) -> threading.Thread | None:
-        """Start loading the default configuration's tokenizer and session (at ``max_length``,
-        a collection's recorded length, when given) in a thread, for the next
+        """Start building the default configuration's session (at ``max_length``, a
+        collection's recorded length, when given) in a thread, for the next
         ``MiniLMEmbedder()`` of that length to take (its ``load`` waits for that thread rather than
-        loading again); None when one is loaded or loading already, or the files are missing
+        building again); None when one is loaded or loading already, or the files are missing
         (``load`` reports that). For a fresh process about to embed its first query, before
-        it imports and validates the rest of the search (adr/0037). onnxruntime is imported
-        here, on the calling thread (an import holds the GIL); the thread rewrites the graph
-        and builds the session, which mostly do not, then reads the tokenizer, which does. The
-        thread is not a daemon: an interpreter exiting mid-load waits rather than tear
-        onnxruntime down."""
+        it imports and validates the rest of the search (adr/0037). What holds the GIL is done
+        here, on the calling thread: importing onnxruntime and rewriting the graph
+        (``onnx_cpu.pending_session``). The thread only builds the session, which holds no
+        GIL, so it runs beside this thread's imports instead of taking turns with them; the
+        tokenizer is read by ``load`` (adr/0041). The thread is not a daemon: an interpreter
+        exiting mid-load waits rather than tear onnxruntime down."""
         try:
             embedder = cls(**({"max_length": max_length} if max_length else {}),
                            **({"compute": compute} if compute else {}))
@@ -291,21 +292,17 @@ class MiniLMEmbedder(Embedder):
             if key in _warming or key in _loaded:
                 return None
             pending = _warming[key] = Future()
-
-        # onnxruntime's import here, so the thread's work (numpy dequantising the weights,
-        # onnxruntime building the session: neither holds the GIL) runs beside this thread's
-        # imports instead of taking turns with them for the GIL (adr/0037).
         try:
-            create = pending_session(onnx_file, key[3], int8_matmul=key[4] == "int8")
-        except Exception:  # noqa: BLE001  (the thread loads again and reports it)
-            create = None
-        except BaseException as exc:  # interrupted: a load waiting for this must not wait forever
-            pending.set_exception(exc)
+            build = pending_session(onnx_file, key[3], int8_matmul=key[4] == "int8")
+        except BaseException as exc:  # noqa: BLE001  (``load`` builds it again and says why)
+            pending.set_exception(exc)  # nothing may wait for this forever
+            if isinstance(exc, Exception):
+                return None
             raise
 
         def run():
             try:
-                pending.set_result(_load_minilm(*key, create=create))
+                pending.set_result(build())
             except BaseException as exc:  # noqa: BLE001  (handed to the load that waits for it)
                 pending.set_exception(exc)
 

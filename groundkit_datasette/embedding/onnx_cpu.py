@@ -32,12 +32,14 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int
     rather than fall back to float vectors. Raises whatever onnxruntime raises; callers
     turn it into their own error.
 
-    Returns a function that creates the session. This call imports onnxruntime (Python work,
-    which holds the GIL); the returned function maps and rewrites the graph (mostly numpy,
-    which releases the GIL) and builds the session (onnxruntime's own work, which releases it
-    too; measured, adr/0037). A fresh process calls this on its main thread and the returned
-    function in the model thread, so the session is made while the main thread imports the
-    rest of the search.
+    Returns a function that builds the session. This call does what holds the GIL: it
+    imports onnxruntime, maps the file and rewrites the graph (``onnx_graph.prepare``: many
+    small numpy steps, each taking the GIL back). The returned function only builds the
+    session, onnxruntime's own work, which releases the GIL (measured, adr/0037). A fresh
+    process calls this on its main thread and the returned function in the model thread, so
+    the session is built while the main thread imports the rest of the search; rewriting the
+    graph in the model thread instead took three to four times as long, waiting for the GIL
+    between its steps (adr/0041).
     """
     import onnxruntime as ort  # imported on first load: it is slow and BM25-only runs never need it
 
@@ -49,12 +51,12 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int
     options.log_severity_level = 3
     if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
-    providers = ["CPUExecutionProvider"]
-    return lambda: _create(ort, model_file, options, providers, int8_matmul)
+    return _prepared(ort, model_file, options, ["CPUExecutionProvider"], int8_matmul)
 
 
-def _create(ort, model_file: Path, options, providers: list, int8_matmul: bool = False):
-    """The session of :func:`pending_session`: the graph mapped, rewritten, and built."""
+def _prepared(ort, model_file: Path, options, providers: list, int8_matmul: bool = False):
+    """:func:`pending_session`'s graph mapped and rewritten now; its session built by the
+    function returned."""
     from .onnx_graph import prepare
 
     with open(model_file, "rb") as f:
@@ -71,11 +73,14 @@ def _create(ort, model_file: Path, options, providers: list, int8_matmul: bool =
                 mapped.close()
             except BufferError:  # a view is still referenced somewhere: the collector closes it
                 pass
-        return ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
+        return lambda: ort.InferenceSession(str(model_file), sess_options=options, providers=providers)
     names = list(prepared.initializers)
     values = [ort.OrtValue.ortvalue_from_numpy(prepared.initializers[n]) for n in names]
     options.add_external_initializers(names, values)
-    session = ort.InferenceSession(prepared.model, sess_options=options, providers=providers)
-    # The session reads these buffers (some are views of the mapped file): keep them alive.
-    session._groundkit_buffers = (mapped, prepared.initializers, values)
-    return session
+
+    def build():
+        session = ort.InferenceSession(prepared.model, sess_options=options, providers=providers)
+        # The session reads these buffers (some are views of the mapped file): keep them alive.
+        session._groundkit_buffers = (mapped, prepared.initializers, values)
+        return session
+    return build
