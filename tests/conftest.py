@@ -63,6 +63,17 @@ def index_dir(tmp_path) -> Path:
     return d
 
 
+def manifest(path: Path) -> dict:
+    """A collection file's manifest, read without writing to it."""
+    from groundkit_datasette.collection.schema import connect_readonly
+
+    conn = connect_readonly(path)
+    try:
+        return dict(conn.execute("SELECT key, value FROM groundkit_manifest"))
+    finally:
+        conn.close()
+
+
 def snapshot(directory: Path) -> dict:
     """Every file under ``directory`` with its SHA-256: to prove nothing changed."""
     out = {}

@@ -25,6 +25,7 @@ from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.collection.schema import connect_readonly
 from groundkit_datasette.collection.vectors import open_table
 
+from .conftest import manifest
 from .test_extract import make_pdf
 
 
@@ -38,14 +39,6 @@ def run_process(*args, cwd=None):
         [sys.executable, "-m", "groundkit_datasette.cli", *map(str, args)],
         capture_output=True, text=True, cwd=cwd, timeout=300, env=dict(os.environ),
     )
-
-
-def manifest(path):
-    conn = connect_readonly(path)
-    try:
-        return dict(conn.execute("SELECT key, value FROM groundkit_manifest"))
-    finally:
-        conn.close()
 
 
 def query(path, sql, params=()):

@@ -21,6 +21,7 @@ from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.retrieval.models import SearchRequest
 
+from .conftest import manifest
 from .pdf_support import make_pdf
 
 # A body long enough for several chunks at chunk_size 200; the title word "zephyrine" is
@@ -73,11 +74,7 @@ def _chunks(index_dir, name):
 
 
 def _manifest(index_dir, name):
-    conn = sqlite3.connect(index_dir / f"{name}.sqlite3")
-    try:
-        return dict(conn.execute("SELECT key, value FROM groundkit_manifest"))
-    finally:
-        conn.close()
+    return manifest(index_dir / f"{name}.sqlite3")
 
 
 @pytest.fixture

@@ -25,16 +25,12 @@ from groundkit_datasette.retrieval import rankers
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.retrieval.models import MAX_QUERY_CHARS, SearchRequest
 
-from .conftest import write_corpus
+from .conftest import manifest, write_corpus
 from .test_model_load import TEXTS, _tiny_int8_model
 
 
 def _manifest(index_dir, name):
-    conn = sqlite3.connect(index_dir / f"{name}.sqlite3")
-    try:
-        return dict(conn.execute("SELECT key, value FROM groundkit_manifest"))
-    finally:
-        conn.close()
+    return manifest(index_dir / f"{name}.sqlite3")
 
 
 def _chunk_texts(index_dir, name):

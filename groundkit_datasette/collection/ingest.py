@@ -711,7 +711,8 @@ class Indexer:
                     "and --embedder none would leave new chunks without vectors"
                 )
             return None, False
-        from ..embedding.embedders import UNRECORDED_COMPUTE, get_embedder  # not for BM25-only runs
+        from ..embedding.embedders import (  # not for BM25-only runs
+            UNRECORDED_COMPUTE, first_embedder, get_embedder)
 
         recorded = manifest.get(MAX_LENGTH_KEY) if bound == name else None
         recorded_compute = manifest.get(COMPUTE_KEY) if bound == name else None
@@ -726,13 +727,7 @@ class Indexer:
             attempts.insert(0, {**options, "compute": recorded_compute or UNRECORDED_COMPUTE})
         if options != self.embedder_options:
             attempts.append(dict(self.embedder_options))  # a factory without the option: checked below
-        for i, options in enumerate(attempts):
-            try:
-                embedder = get_embedder(name, **options)
-                break
-            except EmbedderError:
-                if i == len(attempts) - 1:
-                    raise
+        embedder, options = first_embedder(name, attempts)
         self.embedder_options = options  # cluster workers build their embedder from these
         backfill = False
         if bound and bound != "none":

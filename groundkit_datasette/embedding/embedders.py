@@ -42,6 +42,18 @@ def get_embedder(name: str = DEFAULT_EMBEDDER, **options: Any) -> Embedder:
     return plugins.build("register_embedders", "embedder", name, options, EmbedderError)
 
 
+def first_embedder(name: str, attempts: list[dict]) -> tuple[Embedder, dict]:
+    """The embedder ``name`` built with the first of ``attempts`` (option dicts, in order)
+    that it accepts, and those options; the last attempt's EmbedderError when none is."""
+    for i, options in enumerate(attempts):
+        try:
+            return get_embedder(name, **options), options
+        except EmbedderError:
+            if i == len(attempts) - 1:
+                raise
+    raise EmbedderError("no options to build the embedder with")
+
+
 @hookimpl
 def register_embedders(register):
     register(DEFAULT_EMBEDDER, MiniLMEmbedder)

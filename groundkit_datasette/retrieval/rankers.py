@@ -31,7 +31,7 @@ def query_embedder(collection, *, probe: bool = True):
         with _embedders_lock:
             embedder = _embedders.get((name, length, compute))
             if embedder is None:
-                from ..embedding.embedders import UNRECORDED_COMPUTE, get_embedder
+                from ..embedding.embedders import UNRECORDED_COMPUTE, first_embedder
 
                 options = {"max_length": length} if length else {}
                 # Computed as the documents were (not recorded: fp32) for embedders with a
@@ -40,13 +40,7 @@ def query_embedder(collection, *, probe: bool = True):
                 attempts = [{**options, "compute": compute or UNRECORDED_COMPUTE}, options]
                 attempts += [{}] if options else []
                 try:
-                    for i, attempt in enumerate(attempts):
-                        try:
-                            embedder = get_embedder(name, **attempt)
-                            break
-                        except EmbedderError:
-                            if i == len(attempts) - 1:
-                                raise
+                    embedder, _options = first_embedder(name, attempts)
                 except EmbedderError:
                     raise DenseUnavailable(
                         f"this server has no embedder '{name}' for the collection's queries; "
