@@ -93,9 +93,10 @@ def test_the_shortlist_does_not_depend_on_the_depth(tmp_path):
                 assert search.search(q, depth) == deep[:depth]
 
 
-def test_filters_stay_prefilters_on_the_graph(tmp_path):
+def test_filters_stay_prefilters_on_the_graph(tmp_path, monkeypatch):
     """A deny-list never lets a hidden chunk through and still fills the depth; an allow-list
     answers exactly what exact search answers over its own rows."""
+    monkeypatch.setattr(vectors, "DENY_EXACT_ROWS", 0)  # every deny-list walks the graph
     _write_corpus(tmp_path / "c")
     _ingest(tmp_path)
     with _open(tmp_path) as col:
@@ -104,6 +105,7 @@ def test_filters_stay_prefilters_on_the_graph(tmp_path):
         docs = sorted(r[0] for r in col.query("SELECT document_id FROM documents"))
         hidden = set(docs[:3])
         by_chunk = dict(col.query("SELECT chunk_id, document_id FROM chunks"))
+        walks = _count_walks(search, monkeypatch)
         for q in _queries(10):
             got = search.search(q, 10, docs[:3], exclude=True)
             assert len(got) == 10 and not {by_chunk[c] for c, _ in got} & hidden
@@ -111,12 +113,49 @@ def test_filters_stay_prefilters_on_the_graph(tmp_path):
             got, want = search.search(q, 10, docs[3:4]), exact.search(q, 10, docs[3:4])
             assert [c for c, _ in got] == [c for c, _ in want]
             assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-5)
-        # Everything but one document hidden: the shortlist holds too few, an exact scan answers.
-        only = docs[-1]
-        for q in _queries(5):
-            got = search.search(q, 10, [d for d in docs if d != only], exclude=True)
-            want = exact.search(q, 10, [only])
-            assert [c for c, _ in got] == [c for c, _ in want]
+        assert walks and len(walks) >= 10  # the deny-lists above were answered by the graph
+
+
+def _count_walks(search, monkeypatch):
+    """The widths of the graph walks ``search`` takes from now on (the real walk runs)."""
+    graph = search._open_graph()
+    walks, walk = [], graph.shortlist
+
+    def counted(q, count):
+        walks.append(count)
+        return walk(q, count)
+
+    monkeypatch.setattr(graph, "shortlist", counted)
+    return walks
+
+
+def test_a_deny_list_that_leaves_few_rows_is_answered_exactly(tmp_path, monkeypatch):
+    """Hiding all but one document leaves rows a walk finds only when they lie on its path
+    (CI once got another top 10): they are all scored instead, exactly and with no walk, on a
+    graph base and on one with a delta."""
+    corpus = tmp_path / "c"
+    _write_corpus(corpus)
+    _ingest(tmp_path)
+    for edited in (False, True):
+        if edited:
+            (corpus / "f2.txt").write_text("\n\n".join(f"changed line {i} " + "text " * 9 for i in range(10)))
+            Indexer("gi", index_dir=tmp_path / "i", embedder="graph32", chunk_size=50,
+                    chunk_overlap=0).ingest([corpus])
+        with _open(tmp_path) as col:
+            search = col.vector_search()
+            assert (search.delta is not None) == edited
+            exact = VectorSearch(col.vectors(), ann=False)
+            docs = sorted(r[0] for r in col.query("SELECT document_id FROM documents"))
+            walks = _count_walks(search, monkeypatch)
+            for only in docs:
+                hide = [d for d in docs if d != only]
+                for q in _queries(20):
+                    got = search.search(q, 10, hide, exclude=True)
+                    want = exact.search(q, 10, [only])
+                    assert [c for c, _ in got] == [c for c, _ in want]
+                    assert np.allclose([s for _, s in got], [s for _, s in want], atol=1e-5)
+            assert walks == []
+            assert search.search(_queries(1)[0], 10) and walks  # no filter: the graph answers
 
 
 def test_a_small_edit_on_a_graph_base_is_a_delta_and_deleted_chunks_never_return(tmp_path):

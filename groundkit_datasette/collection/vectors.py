@@ -576,6 +576,10 @@ GRAPH_CONNECTIVITY = 16
 GRAPH_EXPANSION_ADD = 128
 GRAPH_EXPANSION_SEARCH = 256
 GRAPH_SHORTLIST = 100
+# A deny-list that leaves at most this many base rows is answered by scoring them all: about
+# what one walk computes (expansion x connectivity distances), and exact, where a walk or a
+# probe would find only the few allowed rows that happen to lie on its path.
+DENY_EXACT_ROWS = GRAPH_EXPANSION_SEARCH * GRAPH_CONNECTIVITY // 2
 # A delta holds at most this many rows (added plus deleted) or this share of the base, as
 # LanceDB's unindexed tail does (adr/0030); past that the base file is written again (its
 # lists kept, vectors reassigned) and, past INDEX_RETRAIN_GROWTH x the rows the lists were
@@ -864,14 +868,27 @@ class IndexSearch:
                         self._use_graph = False  # no usearch here: the inverted file answers
         return self.graph
 
-    def _graph_candidates(self, q, qnorm, depth, documents, exclude):
-        """The graph's shortlist, filtered, with exact scores; None when too few rows are
-        left after the filter (the inverted file, or an exact scan, answers then)."""
+    def _left_by_deny_list(self, q, qnorm, depth, documents, hidden_rows):
+        """Every base row a deny-list leaves, scored exactly (few are left: DENY_EXACT_ROWS)."""
+        part = self.base
+        keep = np.ones(part.rows, dtype=bool)
+        keep[hidden_rows] = False
+        if self.deleted is not None:
+            keep &= ~self.deleted
+        rows = np.flatnonzero(keep)
+        out = [(part, rows, _score(part.vectors[rows], part.norms[rows], q, qnorm))]
+        if self.delta is not None and self.delta.rows:
+            out += self._candidates(q, qnorm, depth, documents, True, base=False)
+        return out
+
+    def _graph_candidates(self, q, qnorm, depth, documents, exclude, hidden_rows):
+        """The graph's shortlist, less ``hidden_rows`` (a deny-list's), with exact scores; None
+        when too few rows are left after the filter (the inverted file, or an exact scan,
+        answers then)."""
         graph = self._open_graph()
         if graph is None:
             return None
         part = self.base
-        hidden_rows = part.rows_of(documents) if documents is not None and documents else None
         count = max(depth, GRAPH_SHORTLIST)
         for _attempt in range(2):  # a wider walk once when the filter leaves too few rows
             rows = graph.shortlist(q / qnorm, count)
@@ -948,11 +965,16 @@ class IndexSearch:
         q = np.asarray(vector, dtype=np.float32)
         qnorm = max(float(np.linalg.norm(q)), 1e-12)
         found = None
-        if self._use_graph and (documents is None or exclude):
-            found = self._graph_candidates(q, qnorm, depth, documents, exclude)
+        hidden_rows = self.base.rows_of(documents) if self.ivf and exclude and documents else None
+        few_left = hidden_rows is not None and self.base.rows - hidden_rows.size <= DENY_EXACT_ROWS
+        if few_left:
+            found = self._left_by_deny_list(q, qnorm, depth, documents, hidden_rows)
+        elif self._use_graph and (documents is None or exclude):
+            found = self._graph_candidates(q, qnorm, depth, documents, exclude, hidden_rows)
         if found is None:
             found = self._candidates(q, qnorm, depth, documents, exclude)
-        if self.ivf and found is not None and documents is not None and exclude and sum(r.size for _, r, _ in found) < depth:
+        if (self.ivf and not few_left and documents is not None and exclude
+                and sum(r.size for _, r, _ in found) < depth):
             saved, self.ivf = self.ivf, False  # too few left after the deny-list: scan exactly
             try:
                 found = self._candidates(q, qnorm, depth, documents, exclude)
