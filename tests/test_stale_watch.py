@@ -1,5 +1,5 @@
 """The stale-hit check keeps a document's ``stat`` answer while inotify reports nothing on the
-directories of its path (citations.StaleCheck), and still flags every way a source can
+directories of its path (stale.StaleCheck), and still flags every way a source can
 change on the very next search of the same open collection: an edit in place, a touch, an
 atomic save (a new file renamed over it), a deletion, a directory replaced, a linked file
 (never kept). Real files, real inotify, real collections."""
@@ -9,7 +9,7 @@ import os
 import pytest
 
 from groundkit_datasette.collection.ingest import ingest
-from groundkit_datasette.retrieval import citations
+from groundkit_datasette.retrieval import stale
 from groundkit_datasette.retrieval.collection import Collection
 
 
@@ -41,7 +41,7 @@ def stats(monkeypatch, built):
             calls.append(path)
         return real(path, *a, **kw)
 
-    monkeypatch.setattr(citations.os, "lstat", lstat)
+    monkeypatch.setattr(stale.os, "lstat", lstat)
     return calls
 
 
@@ -53,7 +53,7 @@ FRESH = {"top.txt": False, "deep/mid.txt": False, "deep/er/low.txt": False, "lin
 
 
 def test_unchanged_sources_are_not_statted_again(built, stats):
-    if citations._watcher() is None:
+    if stale._watcher() is None:
         pytest.fail("inotify is available on the test machines (Linux)")
     corpus, index_dir = built
     with Collection.open("hawks", index_dir=index_dir, base_dir=corpus) as col:
@@ -105,7 +105,7 @@ def test_a_linked_file_changed_in_an_unwatched_directory_shows_on_the_next_searc
 
 def test_without_inotify_every_search_stats_and_answers_alike(built, stats, monkeypatch):
     corpus, index_dir = built
-    monkeypatch.setattr(citations, "_watcher", lambda: None)
+    monkeypatch.setattr(stale, "_watcher", lambda: None)
     with Collection.open("hawks", index_dir=index_dir, base_dir=corpus) as col:
         assert flags(col) == FRESH
         assert flags(col) == FRESH
@@ -123,13 +123,13 @@ def test_answers_are_kept_only_on_local_file_systems(tmp_path):
         "server:/export /srv/docs nfs4 rw 0 0\n"
         "sshfs#me@host: /srv/docs/remote fuse.sshfs rw 0 0\n"
         "/dev/sda1 /srv/docs/local\\040disk ext4 rw 0 0\n")
-    covers = lambda p: citations._inotify_covers(p, str(mounts))  # noqa: E731
+    covers = lambda p: stale._inotify_covers(p, str(mounts))  # noqa: E731
     assert covers("/home/me/corpus") is True
     assert covers("/srv/docs") is False and covers("/srv/docs/a/b") is False
     assert covers("/srv/docs/remote/x") is False
     assert covers("/srv/docs/local disk/x") is True
     assert covers("/srv/docsextra") is True  # a name sharing the prefix is not under /srv/docs
-    assert citations._inotify_covers("/x", str(tmp_path / "absent")) is False
+    assert stale._inotify_covers("/x", str(tmp_path / "absent")) is False
 
 
 def test_a_write_through_a_hard_link_elsewhere_shows_on_the_next_search(built):
@@ -149,22 +149,22 @@ def test_a_write_through_a_hard_link_elsewhere_shows_on_the_next_search(built):
 def test_the_watch_budget_is_a_share_of_the_users_limit(tmp_path):
     limit = tmp_path / "max_user_watches"
     limit.write_text("8192\n")
-    assert citations._watch_budget(str(limit)) == 1024
+    assert stale._watch_budget(str(limit)) == 1024
     limit.write_text("1048576\n")
-    assert citations._watch_budget(str(limit)) == citations._Watcher.MAX_DIRS
+    assert stale._watch_budget(str(limit)) == stale._Watcher.MAX_DIRS
     limit.write_text("not a number\n")
-    assert citations._watch_budget(str(limit)) == 1024
-    assert citations._watch_budget(str(tmp_path / "missing")) == 1024
+    assert stale._watch_budget(str(limit)) == 1024
+    assert stale._watch_budget(str(tmp_path / "missing")) == 1024
 
 
 def test_a_watcher_past_its_budget_adds_no_watch_and_searches_still_see_edits(built, monkeypatch):
     """Paths past the budget are not watched (their answers are not kept: stat every search),
     and a path watched once is watched again after an event without counting twice."""
     corpus, index_dir = built
-    real = citations._new_watcher()  # its own inotify instance, not the process's
+    real = stale._new_watcher()  # its own inotify instance, not the process's
     if real is None:
         pytest.fail("inotify is available on the test machines (Linux)")
-    watcher = citations._Watcher(real._libc, real.fd, budget=3)
+    watcher = stale._Watcher(real._libc, real.fd, budget=3)
     base = os.path.realpath(corpus)
     a, b, c = base, os.path.join(base, "top.txt"), os.path.join(base, "deep")
     assert watcher.watch((a, b)) is True
@@ -174,7 +174,7 @@ def test_a_watcher_past_its_budget_adds_no_watch_and_searches_still_see_edits(bu
     watcher.poll()  # the event: every kept answer is dropped, the watches stay counted
     assert watcher.watch((a, b, c)) is True
     assert len(watcher._added) == 3
-    monkeypatch.setattr(citations, "_watcher", lambda: watcher)
+    monkeypatch.setattr(stale, "_watcher", lambda: watcher)
     with Collection.open("hawks", index_dir=index_dir, base_dir=corpus) as col:
         assert flags(col) == dict(FRESH, **{"top.txt": True})
         (corpus / "deep" / "er" / "low.txt").write_text("Osprey low notes.\n\nosprey dive, changed\n")

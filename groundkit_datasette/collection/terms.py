@@ -19,9 +19,25 @@ B = 0.5  # chunks are length-capped; see adr/0018-bm25-over-chunks.md
 # half-width forms) and Hangul (syllables and jamo): scripts written without spaces.
 _CJK = ("\u1100-\u11ff\u3005-\u3007\u3040-\u30ff\u3130-\u318f\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
         "\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f")
+
+
+class _Pattern:
+    """A regular expression compiled on first use: each of the two below takes about 8 ms
+    to compile, and a search for an ASCII query needs neither (cold start, issue 14)."""
+
+    def __init__(self, source: str):
+        self._source = source
+
+    def __getattr__(self, name):  # only until compiled: then the methods are attributes
+        compiled = re.compile(self._source)
+        for method in ("findall", "finditer", "match", "search", "fullmatch", "sub", "split"):
+            setattr(self, method, getattr(compiled, method))
+        return getattr(compiled, name)
+
+
 # A token is a run of CJK characters or a run of other word characters (``\w`` minus CJK).
-_TOKEN = re.compile(f"[{_CJK}]+|[^\\W{_CJK}]+")
-_CJK_CHAR = re.compile(f"[{_CJK}]")
+_TOKEN = _Pattern(f"[{_CJK}]+|[^\\W{_CJK}]+")
+_CJK_CHAR = _Pattern(f"[{_CJK}]")
 # What the stored terms were tokenized with (the manifest's ``tokenizer``): words, stemmed, and
 # runs of CJK characters as overlapping character bigrams (adr/0022-cjk-search.md).
 TOKENIZER = "words+cjk-bigrams-1"

@@ -323,6 +323,36 @@ class SearchResponse(Response):
     hits: list[Hit]
 
 
+# -- a citation checked against its source (citations.verify_citation) ------------------
+
+
+class Relocation(BaseModel):
+    """Where the cited text sits in the current source."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    start_offset: int
+    end_offset: int
+    line_start: int
+    line_end: int
+    occurrences: int
+
+
+class Verification(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
+
+    status: Literal["verified", "drifted", "unresolvable"]
+    reason: str
+    source_text: str | None = None
+    context_before: str | None = None
+    context_after: str | None = None
+    relocated: Relocation | None = None
+    # What the chunk's ``content`` is: always the text as indexed at ingest. This says how it
+    # stands against the current source, so an agent never quotes stale text unknowingly.
+    indexed_text: Literal["matches_source", "moved_in_source", "not_in_source", "unchecked"] = (
+        "unchecked")
+
+
 class ChunkCitation(Citation):
     chunk_index: int
     content_hash: str
@@ -332,7 +362,7 @@ class ChunkResponse(Response):
     collection: str
     generation: int
     chunk: ChunkCitation
-    verification: "VerificationModel"
+    verification: Verification
 
 
 class EmbeddingManifest(Response):
@@ -385,9 +415,6 @@ class CollectionsResponse(Response):
     collections: list[str]
 
 
-from .citations import Verification as VerificationModel  # noqa: E402
-
-ChunkResponse.model_rebuild()
 
 
 # -- one document, read whole (fetch_document) ---------------------------------------

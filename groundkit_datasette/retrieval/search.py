@@ -16,7 +16,7 @@ from .models import (
     PlainResponse, SearchResponse, built, whole_builder,
 )
 from . import bm25
-from .citations import StaleCheck
+from .stale import StaleCheck
 from .modes import BUILTIN_MODES, HYBRID_DEPTH, RRF_K, RankContext, registered_modes
 from .modes import fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
 from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (part of the API)
