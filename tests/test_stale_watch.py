@@ -180,3 +180,24 @@ def test_a_watcher_past_its_budget_adds_no_watch_and_searches_still_see_edits(bu
         (corpus / "deep" / "er" / "low.txt").write_text("Osprey low notes.\n\nosprey dive, changed\n")
         assert flags(col) == dict(FRESH, **{"top.txt": True, "deep/er/low.txt": True})
     os.close(real.fd)
+
+
+def test_a_forked_process_makes_its_own_watcher():
+    """Parent and child would otherwise share one queue of events: whichever read an event
+    first would hide it from the other."""
+    parent = stale._watcher()
+    if parent is None:
+        pytest.fail("inotify is available on the test machines (Linux)")
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave without running anything of pytest's
+        try:
+            child = stale._watcher()
+            os.write(write, b"new" if child is not None and child is not parent and child.fd != parent.fd else b"same")
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    assert os.read(read, 16) == b"new"
+    os.close(read)
+    assert stale._watcher() is parent  # the parent keeps its own

@@ -186,7 +186,7 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
         hit["rank"] = rank
         hit["score"] = score
         hit["components"] = parts(cid) or {}
-        hit["source_changed"] = changed[r[1]]
+        hit["source_changed"] = changed[rank - first_rank]
         hit["matched_terms"] = []  # set by _add_matches
         hits.append(hit)
         rank += 1
@@ -199,13 +199,13 @@ def _citation_cache(collection) -> dict:
     return _kept(collection, "_citation_cache")
 
 
-def _source_changed(collection, rows) -> dict:
-    """document_id -> whether its file's size or mtime differs from ingest's record: one
-    ``stat`` per distinct document of the hit list (cost in docs/performance.md)."""
+def _source_changed(collection, rows) -> list:
+    """For each hit row, whether its file's size or mtime differs from ingest's record: at
+    most one ``stat`` per distinct document of the hit list (cost in docs/performance.md)."""
     check = collection.__dict__.get("_stale_check")
     if check is None or check.base_dir is not collection.base_dir:
         check = collection.__dict__["_stale_check"] = StaleCheck(collection.base_dir)
-    return check.changed_documents(rows)
+    return check.changed_rows(rows)
 
 
 def run_search(collection, request: SearchRequest, access=None) -> SearchResponse:

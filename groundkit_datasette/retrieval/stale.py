@@ -56,6 +56,8 @@ class StaleCheck:
         self._paths: dict = {}
         # path -> (size, mtime_ns) or None (stat failed), the watcher's epoch, valid until
         self._known: dict = {}
+        # chunk row id -> (its answer, the epoch and deadline of the kept stat it came from)
+        self._rows: dict = {}
         self._local = False  # whether the base directory is on a file system inotify covers
 
     def _real_base(self) -> str | None:
@@ -71,6 +73,7 @@ class StaleCheck:
         if base != self._base:
             self._paths = {}
             self._known = {}
+            self._rows = {}
             self._local = base is not None and _inotify_covers(base)
         self._base, self._until = base, now + self.BASE_SECONDS
         return base
@@ -124,43 +127,47 @@ class StaleCheck:
         return out
 
 
-    def changed_documents(self, rows) -> dict:
+    def changed_rows(self, rows) -> list:
         """:meth:`changed` for a search's hit rows (document id, source, recorded size and
-        mtime at 1, 2, 12 and 13), by document id in the order of first appearance: one pass
-        over the rows, each document's kept answer read directly; only the documents without
-        one go through :meth:`changed` (a ``stat``)."""
+        mtime at 1, 2, 12 and 13, chunk row id at 14), one answer per row. A row's answer is
+        kept by its row id with the epoch and deadline of the ``stat`` it came from, so a
+        search whose documents were all asked before reads one dict entry per hit; only rows
+        without a kept answer go through :meth:`changed`."""
         if self.base_dir is None:
-            return {r[1]: None for r in rows}
+            return [None] * len(rows)
         base = self._real_base()
         if base is None:
-            return {r[1]: None if r[12] is None or r[13] is None else True for r in rows}
+            return [None if r[12] is None or r[13] is None else True for r in rows]
         watcher = _watcher() if self._local else None
         epoch = watcher.poll() if watcher is not None else None  # before any answer is used
         now = time.monotonic()
-        paths, known = self._paths, self._known
-        out: dict = {}
-        rest = []
-        for r in rows:
-            doc = r[1]
-            if doc in out:
-                continue
-            size, mtime_ns = r[12], r[13]
-            if size is None or mtime_ns is None:
-                out[doc] = None
-                continue
-            entry = paths.get(r[2])
-            seen = known.get(entry[0]) if entry is not None and entry[0] is not None else None
+        kept = self._rows
+        out = []
+        rest = None
+        for i, r in enumerate(rows):
+            seen = kept.get(r[14])
             # Kept answers carry the epoch they were read in (never None: without a watcher
             # nothing is kept), so a None epoch always takes the slow path.
             if seen is not None and seen[1] == epoch and now < seen[2]:
-                found = seen[0]
-                out[doc] = found is None or found[0] != size or found[1] != mtime_ns
+                out.append(seen[0])
             else:
-                out[doc] = None  # its place in the order; answered below
-                rest.append(r)
+                out.append(None)  # nothing recorded at ingest, or its place: answered below
+                if r[12] is None or r[13] is None:
+                    continue
+                if rest is None:
+                    rest = []
+                rest.append(i)
         if rest:
-            for r, answer in zip(rest, self.changed([(r[2], r[12], r[13]) for r in rest])):
-                out[r[1]] = answer
+            asked = [rows[i] for i in rest]
+            known, paths = self._known, self._paths
+            if len(kept) >= self.PATHS_KEPT:
+                kept.clear()
+            for i, r, answer in zip(rest, asked, self.changed([(r[2], r[12], r[13]) for r in asked])):
+                out[i] = answer
+                entry = paths.get(r[2])
+                seen = known.get(entry[0]) if entry is not None and entry[0] is not None else None
+                if seen is not None:  # kept by its path: keep it by row as long
+                    kept[r[14]] = (answer, seen[1], seen[2])
         return out
 
 
@@ -208,15 +215,15 @@ def _inotify_covers(path: str, mounts: str = "/proc/self/mounts") -> bool:
 class _Watcher:
     """One inotify instance for the process: directories added once, read without blocking.
     ``epoch`` goes up whenever any event has arrived since the last :meth:`poll`; every kept
-    ``stat`` answer is of one epoch. A process forked after one was made makes its own (the
-    two would otherwise share one queue of events)."""
+    ``stat`` answer is of one epoch. A process forked after one was made makes its own
+    (:func:`_forget_watcher`)."""
 
     # A child's content, metadata, name or existence changed; the directory itself moved.
     _MASK = (0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800)
     MAX_DIRS = 16_384  # directories and files
 
     def __init__(self, libc, fd: int, budget: int | None = None):
-        self._libc, self.fd, self.pid = libc, fd, os.getpid()
+        self._libc, self.fd = libc, fd
         self.epoch = 0
         self._dirs: set = set()
         # Every path ever added holds a kernel watch until it is deleted (re-adding one reuses
@@ -283,20 +290,29 @@ def ctypes_errno() -> int:
     return ctypes.get_errno()
 
 
-_watcher_state: list = [None, None]  # (pid, _Watcher or None)
+_UNMADE = object()
+_watcher_state: list = [_UNMADE]  # the process's _Watcher, None (none to be had) or _UNMADE
 _watcher_lock = threading.Lock()
+
+
+def _forget_watcher() -> None:
+    """In a forked child: its own watcher, made on first use (the two processes would
+    otherwise share one queue of events)."""
+    _watcher_state[0] = _UNMADE
+
+
+os.register_at_fork(after_in_child=_forget_watcher)
 
 
 def _watcher() -> _Watcher | None:
     """The process's inotify watcher, or None where inotify cannot be had."""
-    pid = os.getpid()
-    if _watcher_state[0] == pid:
-        return _watcher_state[1]
+    found = _watcher_state[0]
+    if found is not _UNMADE:
+        return found
     with _watcher_lock:
-        if _watcher_state[0] != pid:
-            _watcher_state[1] = _new_watcher()
-            _watcher_state[0] = pid
-    return _watcher_state[1]
+        if _watcher_state[0] is _UNMADE:
+            _watcher_state[0] = _new_watcher()
+    return _watcher_state[0]
 
 
 def _new_watcher() -> _Watcher | None:
