@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import math
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -68,30 +67,17 @@ class SearchRequest(Request):
     )
     min_score: float | None = Field(
         default=None,
+        allow_inf_nan=False,  # checked by pydantic-core: no Python call per request
         description="Drop hits scoring under this floor, in the mode's own terms: the BM25 score "
         "(bm25), the cosine similarity, -1 to 1 (dense); hybrid keeps a hit that matched a query "
         "word by BM25 (a bm25 component) or whose dense cosine is at least min_score. Applied "
         "before reranking and paging.",
     )
-    vector: list[float] | None = Field(
+    vector: list[Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
         default=None,
         max_length=MAX_VECTOR_DIMS,
         description="A query embedding computed by the caller, of the collection's dimensions.",
     )
-
-    @field_validator("min_score")
-    @classmethod
-    def _finite_floor(cls, v):
-        if v is not None and not math.isfinite(v):
-            raise ValueError("min_score must be a finite number")
-        return v
-
-    @field_validator("vector")
-    @classmethod
-    def _finite(cls, v):
-        if v is not None and not all(math.isfinite(x) for x in v):
-            raise ValueError("vector values must be finite numbers")
-        return v
 
     @field_validator("mode")
     @classmethod
