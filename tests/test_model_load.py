@@ -229,8 +229,9 @@ def test_response_models_build_their_schemas_on_first_use_and_validate_as_strict
     seen = json.loads(out.stdout)
     assert seen["deferred"] == ["SearchResponse", "Hit", "ComponentScore", "IndexStatus", "DocumentResponse",
                                 "SearchRequest"]
+    # A non-finite floor: pydantic-core's own check since session 9 (it was a Python validator).
     assert seen["errors"] == ["string_too_short", "greater_than_equal", "less_than_equal", "extra_forbidden",
-                              "value_error", "value_error"]
+                              "finite_number", "value_error"]
     assert seen["same"] is True
 
 
