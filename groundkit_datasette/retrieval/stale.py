@@ -293,12 +293,21 @@ def ctypes_errno() -> int:
 _UNMADE = object()
 _watcher_state: list = [_UNMADE]  # the process's _Watcher, None (none to be had) or _UNMADE
 _watcher_lock = threading.Lock()
+# The first epoch of the next watcher made: past every epoch of the one a forked child had
+# from its parent, so no answer kept under the parent's watches passes for the child's own.
+_first_epoch: list = [0]
 
 
 def _forget_watcher() -> None:
     """In a forked child: its own watcher, made on first use (the two processes would
-    otherwise share one queue of events)."""
+    otherwise share one queue of events), whose epochs start past the inherited one's (its
+    watches are new: the answers the child inherited were kept under watches it lacks)."""
+    global _watcher_lock
+    inherited = _watcher_state[0]
+    if isinstance(inherited, _Watcher):
+        _first_epoch[0] = inherited.epoch + 1
     _watcher_state[0] = _UNMADE
+    _watcher_lock = threading.Lock()  # a parent's thread may have held it at the fork
 
 
 os.register_at_fork(after_in_child=_forget_watcher)
@@ -311,7 +320,10 @@ def _watcher() -> _Watcher | None:
         return found
     with _watcher_lock:
         if _watcher_state[0] is _UNMADE:
-            _watcher_state[0] = _new_watcher()
+            made = _new_watcher()
+            if made is not None:
+                made.epoch = _first_epoch[0]
+            _watcher_state[0] = made
     return _watcher_state[0]
 
 
