@@ -29,6 +29,8 @@ class _Pattern:
         self._source = source
 
     def __getattr__(self, name):  # only until compiled: then the methods are attributes
+        if name.startswith("_"):  # ``_source`` before __init__, and what copy and pickle probe
+            raise AttributeError(name)
         compiled = re.compile(self._source)
         for method in ("findall", "finditer", "match", "search", "fullmatch", "sub", "split"):
             setattr(self, method, getattr(compiled, method))

@@ -1,0 +1,26 @@
+"""The lazily compiled CJK patterns (terms._Pattern, cold start) still behave as the compiled
+patterns they replace where Python copies or pickles an object: a copy or a pickle round trip
+of one, before or after its first use, tokenizes as ``re.compile`` of its source does (a
+compiled pattern always could; the lazy one recursed until RecursionError)."""
+
+import copy
+import pickle
+import re
+
+from groundkit_datasette.collection import terms
+
+TEXT = "日本語の文書です。Solar panels, 東京 and ｶﾀｶﾅ words"
+
+
+def test_a_lazy_pattern_copies_and_pickles_before_and_after_first_use():
+    for source in (terms._TOKEN._source, terms._CJK_CHAR._source):
+        want = re.compile(source).findall(TEXT)
+        for used in (False, True):
+            pattern = terms._Pattern(source)
+            if used:
+                assert pattern.findall(TEXT) == want
+            for clone in (copy.copy(pattern), copy.deepcopy(pattern), pickle.loads(pickle.dumps(pattern))):
+                assert clone.findall(TEXT) == want
+                assert clone.pattern == source
+    # The module's own patterns, as a search leaves them.
+    assert pickle.loads(pickle.dumps(terms._TOKEN)).findall(TEXT) == terms._TOKEN.findall(TEXT)
