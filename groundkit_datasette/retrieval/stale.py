@@ -78,12 +78,18 @@ class StaleCheck:
         self._base, self._until = base, now + self.BASE_SECONDS
         return base
 
-    def changed(self, records) -> list[bool | None]:
+    def changed(self, records, stats: list | None = None) -> list[bool | None]:
+        """``stats``: a list given gets, for each record, the kept ``stat`` entry its answer
+        came from (``(found, epoch, deadline)``), or None where the answer is not kept."""
         records = list(records)
+        if stats is None:
+            stats = []
         if self.base_dir is None:
+            stats.extend([None] * len(records))
             return [None] * len(records)
         base = self._real_base()
         if base is None:
+            stats.extend([None] * len(records))
             return [None if size is None or mtime is None else True for _s, size, mtime in records]
         watcher = _watcher() if self._local else None
         epoch = watcher.poll() if watcher is not None else None  # before any answer is used
@@ -93,6 +99,7 @@ class StaleCheck:
         for source, size, mtime_ns in records:
             if size is None or mtime_ns is None:
                 out.append(None)
+                stats.append(None)
                 continue
             entry = paths.get(source)
             if entry is None:
@@ -104,8 +111,10 @@ class StaleCheck:
             path, dirs = entry
             if path is None:
                 out.append(True)
+                stats.append(None)
                 continue
             seen = known.get(path)
+            kept = seen
             if seen is None or seen[1] != epoch or now >= seen[2]:
                 # The directories are watched before the stat: a change after it is an event.
                 keep = epoch is not None and watcher.watch(dirs)
@@ -118,10 +127,12 @@ class StaleCheck:
                 except (OSError, ValueError):
                     found = None
                 seen = (found, epoch, now + self.RECHECK_SECONDS)
+                kept = seen if keep else None
                 if keep:
                     known[path] = seen
                 else:
                     known.pop(path, None)
+            stats.append(kept)
             found = seen[0]
             out.append(found is None or found[0] != size or found[1] != mtime_ns)
         return out
@@ -159,14 +170,15 @@ class StaleCheck:
                 rest.append(i)
         if rest:
             asked = [rows[i] for i in rest]
-            known, paths = self._known, self._paths
             if len(kept) >= self.PATHS_KEPT:
                 kept.clear()
-            for i, r, answer in zip(rest, asked, self.changed([(r[2], r[12], r[13]) for r in asked])):
+            stats: list = []
+            answers = self.changed([(r[2], r[12], r[13]) for r in asked], stats)
+            for i, r, answer, seen in zip(rest, asked, answers, stats):
                 out[i] = answer
-                entry = paths.get(r[2])
-                seen = known.get(entry[0]) if entry is not None and entry[0] is not None else None
-                if seen is not None:  # kept by its path: keep it by row as long
+                # Kept by its path: kept by row as long, with the epoch of the stat it came
+                # from (not of a later one another thread made after a change).
+                if seen is not None:
                     kept[r[14]] = (answer, seen[1], seen[2])
         return out
 
