@@ -580,6 +580,7 @@ GRAPH_SHORTLIST = 100
 # what one walk computes (expansion x connectivity distances), and exact, where a walk or a
 # probe would find only the few allowed rows that happen to lie on its path.
 DENY_EXACT_ROWS = GRAPH_EXPANSION_SEARCH * GRAPH_CONNECTIVITY // 2
+_NO_ROWS = np.zeros(0, dtype=np.int64)
 # A delta holds at most this many rows (added plus deleted) or this share of the base, as
 # LanceDB's unindexed tail does (adr/0030); past that the base file is written again (its
 # lists kept, vectors reassigned) and, past INDEX_RETRAIN_GROWTH x the rows the lists were
@@ -869,7 +870,7 @@ class IndexSearch:
         return self.graph
 
     def _left_by_deny_list(self, q, qnorm, depth, documents, hidden_rows):
-        """Every base row a deny-list leaves, scored exactly (few are left: DENY_EXACT_ROWS)."""
+        """Every base row a deny-list leaves, scored exactly, and the delta's rows it leaves."""
         part = self.base
         keep = np.ones(part.rows, dtype=bool)
         keep[hidden_rows] = False
@@ -966,20 +967,17 @@ class IndexSearch:
         qnorm = max(float(np.linalg.norm(q)), 1e-12)
         found = None
         hidden_rows = self.base.rows_of(documents) if self.ivf and exclude and documents else None
-        few_left = hidden_rows is not None and self.base.rows - hidden_rows.size <= DENY_EXACT_ROWS
-        if few_left:
+        if hidden_rows is not None and self.base.rows - hidden_rows.size <= DENY_EXACT_ROWS:
             found = self._left_by_deny_list(q, qnorm, depth, documents, hidden_rows)
-        elif self._use_graph and (documents is None or exclude):
-            found = self._graph_candidates(q, qnorm, depth, documents, exclude, hidden_rows)
-        if found is None:
-            found = self._candidates(q, qnorm, depth, documents, exclude)
-        if (self.ivf and not few_left and documents is not None and exclude
-                and sum(r.size for _, r, _ in found) < depth):
-            saved, self.ivf = self.ivf, False  # too few left after the deny-list: scan exactly
-            try:
+        else:
+            if self._use_graph and (documents is None or exclude):
+                found = self._graph_candidates(q, qnorm, depth, documents, exclude, hidden_rows)
+            if found is None:
                 found = self._candidates(q, qnorm, depth, documents, exclude)
-            finally:
-                self.ivf = saved
+            if self.ivf and documents is not None and exclude and sum(r.size for _, r, _ in found) < depth:
+                # Too few left after the deny-list: every row it leaves, scored exactly.
+                found = self._left_by_deny_list(q, qnorm, depth, documents,
+                                                _NO_ROWS if hidden_rows is None else hidden_rows)
         if not found:
             return []
         which = np.concatenate([np.full(r.size, i, dtype=np.int64) for i, (_, r, _) in enumerate(found)])

@@ -22,7 +22,6 @@ from ..errors import ChunkNotFound, CollectionNotFound, IndexInconsistent, NotAC
 from ..collection.names import LANCE_SUFFIX, NAME_PATTERN, SQLITE_SUFFIX, sqlite_path, validate_name
 
 
-
 _SEARCH_API = None
 
 
@@ -36,6 +35,7 @@ def _search_api():
 
     _SEARCH_API = (SearchRequest, run_search)
     return _SEARCH_API
+
 
 class Collection:
     """A read-only view of one published version of a collection."""

@@ -401,8 +401,6 @@ class CollectionsResponse(Response):
     collections: list[str]
 
 
-
-
 # -- one document, read whole (fetch_document) ---------------------------------------
 
 DOCUMENT_ID_PATTERN = r"^d_[0-9a-f]{20}$"

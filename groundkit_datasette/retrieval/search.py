@@ -175,7 +175,7 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
     parts = components.get
     hits = []
     rank = first_rank
-    for (cid, score), r in zip(ranked, found):
+    for (cid, score), r, stale in zip(ranked, found, changed):
         citation = cited(cid)
         if citation is None:  # the row's first twelve columns, by name, made once
             citation = dict(zip(CITATION_FIELDS, r))
@@ -186,7 +186,7 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
         hit["rank"] = rank
         hit["score"] = score
         hit["components"] = parts(cid) or {}
-        hit["source_changed"] = changed[rank - first_rank]
+        hit["source_changed"] = stale
         hit["matched_terms"] = []  # set by _add_matches
         hits.append(hit)
         rank += 1

@@ -16,6 +16,7 @@ from pathlib import Path
 
 __all__ = ["StaleCheck", "sources_changed"]
 
+
 def sources_changed(base_dir: Path | None, records) -> list[bool | None]:
     """For each ``(source, size, mtime_ns)`` recorded at ingest: whether the file now differs.
 
@@ -78,22 +79,21 @@ class StaleCheck:
         self._base, self._until = base, now + self.BASE_SECONDS
         return base
 
-    def changed(self, records, stats: list | None = None) -> list[bool | None]:
-        """``stats``: a list given gets, for each record, the kept ``stat`` entry its answer
-        came from (``(found, epoch, deadline)``), or None where the answer is not kept."""
+    def changed(self, records) -> list[bool | None]:
         records = list(records)
-        if stats is None:
-            stats = []
         if self.base_dir is None:
-            stats.extend([None] * len(records))
             return [None] * len(records)
         base = self._real_base()
         if base is None:
-            stats.extend([None] * len(records))
             return [None if size is None or mtime is None else True for _s, size, mtime in records]
         watcher = _watcher() if self._local else None
         epoch = watcher.poll() if watcher is not None else None  # before any answer is used
-        now = time.monotonic()
+        return self._answers(base, watcher, epoch, time.monotonic(), records, [])
+
+    def _answers(self, base, watcher, epoch, now, records, stats: list) -> list[bool | None]:
+        """:meth:`changed`'s answers once the base, the watcher and its epoch are known.
+        ``stats`` gets, for each record, the kept ``stat`` entry its answer came from
+        (``(found, epoch, deadline)``), or None where the answer is not kept."""
         paths, known = self._paths, self._known
         out = []
         for source, size, mtime_ns in records:
@@ -137,7 +137,6 @@ class StaleCheck:
             out.append(found is None or found[0] != size or found[1] != mtime_ns)
         return out
 
-
     def changed_rows(self, rows) -> list:
         """:meth:`changed` for a search's hit rows (document id, source, recorded size and
         mtime at 1, 2, 12 and 13, chunk row id at 14), one answer per row. A row's answer is
@@ -172,8 +171,8 @@ class StaleCheck:
             asked = [rows[i] for i in rest]
             if len(kept) >= self.PATHS_KEPT:
                 kept.clear()
-            stats: list = []
-            answers = self.changed([(r[2], r[12], r[13]) for r in asked], stats)
+            stats: list = []  # the same base, watcher, epoch and time as the kept answers above
+            answers = self._answers(base, watcher, epoch, now, [(r[2], r[12], r[13]) for r in asked], stats)
             for i, r, answer, seen in zip(rest, asked, answers, stats):
                 out[i] = answer
                 # Kept by its path: kept by row as long, with the epoch of the stat it came
