@@ -60,7 +60,9 @@ bench: $(BIN)/.installed
 	$(BIN)/python benchmarks/ingest.py --debian --work $(BENCH_DIR)/ingest-debian \
 		--incremental-from $(dir $(DEBIAN_SYN))
 	$(BIN)/python benchmarks/embed.py --compute fp32,int8
-	$(BIN)/python benchmarks/bm25.py --collection $(DEBIAN_SYN)
+	$(BIN)/python benchmarks/bm25.py --collection $(DEBIAN_SYN) --work $(BENCH_DIR)/bm25
+	$(BIN)/python benchmarks/bm25_pair.py --collection $(BENCH_DIR)/bm25/index-nfcorpus_approx/nfcorpus_approx.sqlite3 \
+		--corpus nfcorpus_approx
 	$(BIN)/python benchmarks/bm25_pair.py --collection $(DEBIAN_SYN)
 	$(BIN)/python benchmarks/dense.py --work $(BENCH_DIR)/syn --sizes 10000,50000 --collection $(DEBIAN_SYN) \
 		$(if $(filter-out 0,$(BENCH_REAL_FILES)),--real $(DEBIAN_REAL))

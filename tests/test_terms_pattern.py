@@ -7,6 +7,9 @@ import copy
 import pickle
 import re
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from groundkit_datasette.collection import terms
 
 TEXT = "日本語の文書です。Solar panels, 東京 and ｶﾀｶﾅ words"
@@ -24,3 +27,15 @@ def test_a_lazy_pattern_copies_and_pickles_before_and_after_first_use():
                 assert clone.pattern == source
     # The module's own patterns, as a search leaves them.
     assert pickle.loads(pickle.dumps(terms._TOKEN)).findall(TEXT) == terms._TOKEN.findall(TEXT)
+
+
+ASCII_TEXT = st.text(alphabet=st.characters(max_codepoint=127), max_size=200)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=st.one_of(ASCII_TEXT, st.text(max_size=200)))
+def test_the_ascii_shortcut_finds_the_tokens_the_whole_pattern_finds(text):
+    # terms.words takes \w+ on ASCII text (ingest and queries tokenize through it): it must
+    # give exactly the whole pattern's tokens, on any text, ASCII or not.
+    low = text.lower()
+    assert terms.words(low) == re.compile(terms._TOKEN._source).findall(low)

@@ -6,7 +6,7 @@ Scoring a query over these postings is ``retrieval/bm25.py``.
 
 import re
 import sqlite3
-from collections import Counter
+from collections import _count_elements as _count  # the C loop under Counter
 from array import array
 
 import numpy as np
@@ -40,6 +40,16 @@ class _Pattern:
 # A token is a run of CJK characters or a run of other word characters (``\w`` minus CJK).
 _TOKEN = _Pattern(f"[{_CJK}]+|[^\\W{_CJK}]+")
 _CJK_CHAR = _Pattern(f"[{_CJK}]")
+# _TOKEN on a string without CJK characters: its second branch, ``[^\W<CJK>]+``, is ``\w+``
+# there, and ``\w+`` runs about 1.5x faster (ingest tokenizes every chunk; a query too).
+_ASCII_WORD = re.compile(r"\w+")
+
+
+def words(low: str) -> list[str]:
+    """``_TOKEN``'s matches in lower-cased ``low``: the words and CJK runs it holds."""
+    return _ASCII_WORD.findall(low) if low.isascii() else _TOKEN.findall(low)
+
+
 # What the stored terms were tokenized with (the manifest's ``tokenizer``): words, stemmed, and
 # runs of CJK characters as overlapping character bigrams (adr/0022-cjk-search.md).
 TOKENIZER = "words+cjk-bigrams-1"
@@ -92,7 +102,7 @@ def tokenize(text: str) -> list[str]:
     Any string is a valid query: there is no query syntax to inject into.
     """
     out: list[str] = []
-    for token in _TOKEN.findall(text.lower()):
+    for token in words(text.lower()):
         if _CJK_CHAR.match(token):
             out += cjk_bigrams(token)
         elif token not in STOP_WORDS:
@@ -153,7 +163,9 @@ class TermTable:
             memo.clear()
         counts: dict[int, int] = {}
         length = 0
-        for word, n in Counter(_TOKEN.findall(text.lower())).items():
+        tally: dict[str, int] = {}
+        _count(tally, words(text.lower()))  # Counter's C loop, without Counter's own checks
+        for word, n in tally.items():
             tids = memo.get(word)
             if tids is None:
                 tids = memo[word] = self._word_id(word)
