@@ -142,13 +142,25 @@ def contextual_heading(title: str | None, path: str) -> str:
 # Sections
 
 
-def find_headings(text: str, source_class: str) -> list[Heading]:
+def find_headings(text: str, source_class: str) -> tuple[Heading, ...]:
     """Headings in document order (Markdown and reStructuredText only)."""
+    global _last_headings
+    last = _last_headings
+    if last[0] is text and last[1] == source_class:
+        return last[2]
     if source_class == "markdown":
-        return _markdown_headings(text)
-    if source_class == "rst":
-        return _rst_headings(text)
-    return []
+        found = tuple(_markdown_headings(text))
+    elif source_class == "rst":
+        found = tuple(_rst_headings(text))
+    else:
+        return ()
+    _last_headings = (text, source_class, found)
+    return found
+
+
+# The last text's headings: extraction (the title) and chunking (the sections) both ask for
+# the same document's, one after the other. Held by identity; it keeps that one text alive.
+_last_headings: tuple = (None, None, ())
 
 
 def _sections(text: str, source_class: str) -> list[tuple[int, int, str]]:

@@ -923,17 +923,18 @@ class Indexer:
             seen.add(source)
             self.progress({"event": "file", "source": source, "done": done, "total": len(files)})
             try:
-                data = real.read_bytes()
+                with open(real, "rb") as f:
+                    data = f.read()
+                    try:  # the file just read, not whatever the path names by now
+                        info = os.fstat(f.fileno())
+                        size, mtime_ns = info.st_size, info.st_mtime_ns
+                    except OSError:
+                        size = mtime_ns = None
             except OSError as exc:
                 log.warning("cannot read %s: %s", source, exc.strerror)
                 yield _Job(source, None, unreadable=True)
                 continue
             file_hash = _sha(data)
-            try:
-                info = real.stat()
-                size, mtime_ns = info.st_size, info.st_mtime_ns
-            except OSError:
-                size = mtime_ns = None
             acl = acls.for_document(source, data)
             prior = existing.get(source)
             work = not (prior and not rechunk and prior[1] == file_hash)

@@ -127,9 +127,9 @@ class TermTable:
         self._complete = self.next_id <= self.LOAD_ALL_TERMS
         self.ids = dict(conn.execute("SELECT term, term_id FROM bm25_vocab")) if self._complete else {}
         self.new_terms: list[tuple[str, int]] = []
-        # token -> its term ids (none for a stop word, a bigram each for a CJK run): each
+        # token -> its term id (-1 for a stop word; a CJK run: a tuple, a bigram each): each
         # distinct token is stemmed or split once per run.
-        self._word_ids: dict[str, tuple[int, ...]] = {}
+        self._word_ids: dict[str, int | tuple[int, ...]] = {}
 
     def has_cjk_terms(self) -> bool:
         """Whether any stored term holds CJK text (tokenized whole, before bigrams)."""
@@ -137,12 +137,12 @@ class TermTable:
             return has_cjk("\n".join(self.ids))
         return any(has_cjk(term) for (term,) in self.conn.execute("SELECT term FROM bm25_vocab"))
 
-    def _word_id(self, word: str) -> tuple[int, ...]:
+    def _word_id(self, word: str) -> int | tuple[int, ...]:
         if _CJK_CHAR.match(word):
             return tuple(self._term_id(t) for t in cjk_bigrams(word))
         if word in STOP_WORDS:
-            return ()
-        return (self._term_id(_stemmer.stemWord(word)),)
+            return -1
+        return self._term_id(_stemmer.stemWord(word))
 
     def _term_id(self, term: str) -> int:
         tid = self.ids.get(term)
@@ -162,16 +162,22 @@ class TermTable:
         if len(memo) > self.WORD_MEMO_LIMIT:
             memo.clear()
         counts: dict[int, int] = {}
+        counted = counts.get
         length = 0
         tally: dict[str, int] = {}
         _count(tally, words(text.lower()))  # Counter's C loop, without Counter's own checks
         for word, n in tally.items():
-            tids = memo.get(word)
-            if tids is None:
-                tids = memo[word] = self._word_id(word)
-            for tid in tids:
+            tid = memo.get(word)
+            if tid is None:
+                tid = memo[word] = self._word_id(word)
+            if type(tid) is int:  # one term (most words), or a stop word (-1)
+                if tid >= 0:
+                    length += n
+                    counts[tid] = counted(tid, 0) + n
+                continue
+            for t in tid:  # a CJK run's bigrams
                 length += n
-                counts[tid] = counts.get(tid, 0) + n
+                counts[t] = counted(t, 0) + n
         term_ids = array("i", sorted(counts))
         freqs = array("i", [counts[t] for t in term_ids])
         return length, term_ids.tobytes(), freqs.tobytes()
