@@ -120,10 +120,13 @@ def main(argv=None):
         for length in lengths:
             worst = min(ratios[(length, m)])
             need = 1.5 if length == product_length else 1.0
+            # Issue 14 judges the default embedder as the product runs it; another compute mode
+            # is a user's choice, printed for reference.
+            verdict = ("met" if worst >= need else "MISSED") if m == product_compute else "not the default: not judged"
             print(f"compute {m}{' (the product default)' if m == product_compute else ''}: target ours/ST "
                   f">= {need:.1f} at {length} word pieces"
                   f"{' (the product length)' if length == product_length else ''}: worst corpus {worst:.2f} "
-                  f"({'met' if worst >= need else 'MISSED'})")
+                  f"({verdict})")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,46 @@ def test_int8_graph_multiplies_the_matrices_in_exact_integers(tmp_path):
         cpu_session(plain, 1, int8_matmul=True)
 
 
+def test_int8_graph_with_signed_weights_sums_the_same_integers(tmp_path):
+    """Handed over as int8 (zero point 0) rather than uint8 (q + 128, zero point 128), the
+    matrices give the same products where the probe finds onnxruntime's int8 kernel exact,
+    and a session asked for the default form takes int8 exactly there (adr/0042)."""
+    import onnxruntime as ort
+
+    from groundkit_datasette.embedding import onnx_cpu
+
+    path = _tiny_int8_model(tmp_path / "tiny.onnx")
+    signed = onnx_graph.prepare(path.read_bytes(), int8_matmul=True, signed=True)
+    graph = onnx.load_from_string(signed.model).graph
+    assert [n.op_type for n in graph.node if n.op_type == "DynamicQuantizeMatMul"] == ["DynamicQuantizeMatMul"]
+    dtypes = {n: a.dtype for n, a in signed.initializers.items() if "groundkit_s8" in n}
+    assert set(dtypes.values()) == {np.dtype(np.int8), np.dtype(np.float32)} and len(dtypes) == 3
+    ids = np.array([[0, 3, 49, 3], [7, 7, 1, 0]], dtype=np.int64)
+    unsigned = cpu_session(path, 1, int8_matmul=True, signed=False).run(None, {"ids": ids})[0]
+    as_int8 = cpu_session(path, 1, int8_matmul=True, signed=True).run(None, {"ids": ids})[0]
+    default = cpu_session(path, 1, int8_matmul=True).run(None, {"ids": ids})[0]
+    if onnx_cpu.signed_kernel_exact(ort):
+        np.testing.assert_array_equal(as_int8, unsigned)
+    np.testing.assert_array_equal(default, unsigned)  # the default never gives other numbers
+
+
+def test_the_probe_tells_an_exact_kernel_from_one_that_saturates_pairs():
+    """The probe's input quantises to 255 and its matrix is 127s: exact sums give 127 * k, a
+    kernel saturating each pair of products at 16 bits (AVX2 without VNNI) about half. What
+    onnxruntime answers here is one of the two."""
+    import onnxruntime as ort
+
+    model, ones, exact = onnx_graph.signed_probe(rows=2, k=64, n=8)
+    assert exact == 127.0 * 64
+    pairs = np.full(32, 255 * 127 * 2)
+    saturated = float(np.minimum(pairs, 32767).sum()) / 255  # the input's scale is 1/255
+    assert abs(saturated - exact) > exact * 0.4
+    session = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"a": ones})
+    assert out.shape == (2, 8)
+    assert np.allclose(out, exact, rtol=1e-6) or np.allclose(out, saturated, rtol=1e-3)
+
+
 def test_int8_vectors_are_close_to_fp32_and_do_not_depend_on_the_batch():
     """int8 vectors are near the fp32 ones, and a text's vector is the same alone (as a query)
     as among other texts (as at ingest), whatever the batch and thread settings."""

@@ -13,12 +13,14 @@ def usable_threads() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def cpu_session(model_file: Path, threads: int, *, prepack: bool = True, int8_matmul: bool = False):
+def cpu_session(model_file: Path, threads: int, *, prepack: bool = True, int8_matmul: bool = False,
+                signed: bool | None = None):
     """An onnxruntime session on the CPU (see :func:`pending_session`, which does the work)."""
-    return pending_session(model_file, threads, prepack=prepack, int8_matmul=int8_matmul)()
+    return pending_session(model_file, threads, prepack=prepack, int8_matmul=int8_matmul, signed=signed)()
 
 
-def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int8_matmul: bool = False):
+def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int8_matmul: bool = False,
+                    signed: bool | None = None):
     """An onnxruntime session on the CPU: sequential, fully optimised, warnings off.
 
     ``threads`` is the intra-op pool; inter-op stays at 1 (the graphs are sequential).
@@ -29,7 +31,9 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int
     weights at creation (cheaper to create, the same results; each run packs instead):
     for a process that embeds one query. ``int8_matmul`` runs the int8 matrices in integers
     (``onnx_graph.prepare``, adr/0040) and raises ValueError for a model it cannot rewrite so,
-    rather than fall back to float vectors. Raises whatever onnxruntime raises; callers
+    rather than fall back to float vectors; ``signed`` hands their weights over as int8 rather
+    than uint8 (None: where :func:`signed_kernel_exact` says that sums exactly, adr/0042).
+    Raises whatever onnxruntime raises; callers
     turn it into their own error.
 
     Returns a function that builds the session. This call does what holds the GIL: it
@@ -51,10 +55,40 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int
     options.log_severity_level = 3
     if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
-    return _prepared(ort, model_file, options, ["CPUExecutionProvider"], int8_matmul)
+    if int8_matmul and signed is None:
+        signed = signed_kernel_exact(ort)
+    return _prepared(ort, model_file, options, ["CPUExecutionProvider"], int8_matmul, bool(signed))
 
 
-def _prepared(ort, model_file: Path, options, providers: list, int8_matmul: bool = False):
+_signed_exact: bool | None = None
+
+
+def signed_kernel_exact(ort) -> bool:
+    """Whether onnxruntime's uint8 x int8 integer kernel sums exactly on this CPU: its answer
+    to ``onnx_graph.signed_probe`` (a few milliseconds, once per process). With VNNI it does;
+    on AVX2 without it, pairs of products saturate (adr/0040)."""
+    global _signed_exact
+    if _signed_exact is None:
+        import numpy as np
+
+        from .onnx_graph import signed_probe
+
+        model, ones, exact = signed_probe()
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = 1
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        try:
+            session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+            (out,) = session.run(None, {"a": ones})
+            _signed_exact = bool(np.all(np.abs(out - exact) <= exact * 1e-6))
+        except Exception:  # an onnxruntime without the op or the kernel: the uint8 form
+            _signed_exact = False
+    return _signed_exact
+
+
+def _prepared(ort, model_file: Path, options, providers: list, int8_matmul: bool = False,
+              signed: bool = False):
     """:func:`pending_session`'s graph mapped and rewritten now; its session built by the
     function returned."""
     from .onnx_graph import prepare
@@ -64,7 +98,8 @@ def _prepared(ort, model_file: Path, options, providers: list, int8_matmul: bool
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except (ValueError, OSError):  # an empty or unmappable file: let onnxruntime say why
             mapped = None
-    prepared = prepare(memoryview(mapped), int8_matmul=int8_matmul) if mapped is not None else None
+    prepared = (prepare(memoryview(mapped), int8_matmul=int8_matmul, signed=signed)
+                if mapped is not None else None)
     if prepared is None and int8_matmul:
         raise ValueError("this model has no int8 matrices to multiply in integers")
     if prepared is None:

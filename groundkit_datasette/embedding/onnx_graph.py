@@ -221,7 +221,7 @@ class Prepared:
     integer: int = 0  # matrices multiplied in int8 (``int8_matmul``)
 
 
-def prepare(model_bytes: bytes, *, int8_matmul: bool = False) -> Prepared | None:
+def prepare(model_bytes: bytes, *, int8_matmul: bool = False, signed: bool = False) -> Prepared | None:
     """The model with its int8 ``Cast``/``Mul`` weights dequantised here, or None when
     the graph has no such weights or is not in a shape this reader handles.
 
@@ -234,12 +234,12 @@ def prepare(model_bytes: bytes, *, int8_matmul: bool = False) -> Prepared | None
     scale covers the whole input, a text's vector depends on the batch it runs in unless
     each text runs alone (the embedder runs this graph one text per call)."""
     try:
-        return _prepare(memoryview(model_bytes), int8_matmul)
+        return _prepare(memoryview(model_bytes), int8_matmul, signed)
     except (_Unsupported, UnicodeDecodeError, ValueError):
         return None
 
 
-def _prepare(buf: memoryview, int8_matmul: bool = False) -> Prepared | None:
+def _prepare(buf: memoryview, int8_matmul: bool = False, signed: bool = False) -> Prepared | None:
     top = _fields(buf)
     graphs = [f for f in top if f[0] == _MODEL_GRAPH and f[1] == 2]
     if len(graphs) != 1:
@@ -322,15 +322,21 @@ def _prepare(buf: memoryview, int8_matmul: bool = False) -> Prepared | None:
         if (int8_matmul and users and q.ndim == 2 and s.shape in ((q.shape[1],), (1, q.shape[1])) and all(
                 u.op == "MatMul" and not u.domain and len(u.inputs) == 2 and u.inputs[1] == out
                 and u.inputs[0] != out and len(u.outputs) == 1 for u in users)):
-            # The int8 matrix as uint8 with zero point 128 (q + 128: the same integers), and its
-            # scales as the 1-D per-column vector the op takes. Not int8 itself: onnxruntime's
-            # uint8 x int8 kernel on AVX2 without VNNI (vpmaddubsw) saturates pairs of products
-            # at 16 bits, so its sums are wrong where activations and weights are both large,
-            # and differ between CPUs; uint8 x uint8 sums exactly everywhere (adr/0040).
-            stem = f"{name}/groundkit_u8"
-            weights[stem] = np.ascontiguousarray((q.astype(np.int16) + 128).astype(np.uint8))
+            # The int8 matrix, with its scales as the 1-D per-column vector the op takes. As
+            # uint8 with zero point 128 (q + 128: the same integers) unless ``signed``:
+            # onnxruntime's uint8 x int8 kernel on AVX2 without VNNI (vpmaddubsw) saturates
+            # pairs of products at 16 bits, so its sums are wrong where activations and weights
+            # are both large; uint8 x uint8 sums exactly everywhere. Where the int8 kernel is
+            # exact too (``signed``, decided by onnx_cpu's probe) it gives the same integers,
+            # about twice as fast (adr/0040, adr/0042).
+            stem = f"{name}/groundkit_{'s8' if signed else 'u8'}"
+            if signed:
+                weights[stem] = np.ascontiguousarray(q)
+                weights[stem + "_zero"] = np.zeros(q.shape[1], dtype=np.int8)
+            else:
+                weights[stem] = np.ascontiguousarray((q.astype(np.int16) + 128).astype(np.uint8))
+                weights[stem + "_zero"] = np.full(q.shape[1], 128, dtype=np.uint8)
             weights[stem + "_scale"] = np.ascontiguousarray(s.reshape(-1), dtype=np.float32)
-            weights[stem + "_zero"] = np.full(q.shape[1], 128, dtype=np.uint8)
             for user_i in consumers[out]:
                 user = nodes[user_i]
                 replace[user_i] = [_make_node("DynamicQuantizeMatMul",
@@ -392,3 +398,41 @@ def _prepare(buf: memoryview, int8_matmul: bool = False) -> Prepared | None:
         model += _put(_MODEL_OPSET, _put(_OPSET_DOMAIN, _MS_DOMAIN.encode()) + _put_int(_OPSET_VERSION, 1))
     return Prepared(model, {**views, **weights}, folded=len(weights) - 3 * integer, gathered=gathered,
                     integer=integer)
+
+
+# -- whether onnxruntime's uint8 x int8 kernel sums exactly on this CPU --------------------
+
+_MODEL_IR_VERSION = 1
+_VALUE_TYPE, _TYPE_TENSOR, _TENSOR_ELEM, _TENSOR_SHAPE, _SHAPE_DIM, _DIM_VALUE = 2, 1, 1, 2, 1, 1
+
+
+def _value_info(name: str, shape: tuple[int, ...]) -> bytes:
+    dims = b"".join(_put(_SHAPE_DIM, _put_int(_DIM_VALUE, d)) for d in shape)
+    tensor = _put_int(_TENSOR_ELEM, _FLOAT) + _put(_TENSOR_SHAPE, dims)
+    return _put(_VALUE_NAME, name.encode()) + _put(_VALUE_TYPE, _put(_TYPE_TENSOR, tensor))
+
+
+def _constant(name: str, array: np.ndarray) -> bytes:
+    dtype = {np.dtype(np.float32): _FLOAT, np.dtype(np.int8): _INT8}[array.dtype]
+    packed = b"".join(_put_varint(d) for d in array.shape)
+    return (_put(_TENSOR_DIMS, packed) + _put_int(_TENSOR_TYPE, dtype) + _put(_TENSOR_NAME, name.encode())
+            + _put(_TENSOR_RAW, np.ascontiguousarray(array).tobytes()))
+
+
+def signed_probe(rows: int = 8, k: int = 384, n: int = 384) -> tuple[bytes, np.ndarray, float]:
+    """A one-node model (``DynamicQuantizeMatMul`` of a ``[rows, k]`` input by a ``[k, n]``
+    int8 matrix of 127s, scale 1, zero point 0, as MiniLM's matrices are multiplied with
+    ``signed``), an input of ones and what every output is in exact integers: 127 * k. The
+    input quantises to 255 throughout, so each pair of products is 64,770; a kernel that
+    saturates pairs at 16 bits (32,767) answers about half. The shapes are MiniLM's."""
+    node = _make_node("DynamicQuantizeMatMul", ["a", "b", "b_scale", "b_zero"], ["y"], domain=_MS_DOMAIN)
+    graph = (_put(_GRAPH_NODE, node) + _put(2, b"groundkit-probe")
+             + _put(_GRAPH_INITIALIZER, _constant("b", np.full((k, n), 127, dtype=np.int8)))
+             + _put(_GRAPH_INITIALIZER, _constant("b_scale", np.ones(n, dtype=np.float32)))
+             + _put(_GRAPH_INITIALIZER, _constant("b_zero", np.zeros(n, dtype=np.int8)))
+             + _put(_GRAPH_INPUT, _value_info("a", (rows, k)))
+             + _put(_GRAPH_OUTPUT, _value_info("y", (rows, n))))
+    opsets = (_put(_MODEL_OPSET, _put(_OPSET_DOMAIN, b"") + _put_int(_OPSET_VERSION, 13))
+              + _put(_MODEL_OPSET, _put(_OPSET_DOMAIN, _MS_DOMAIN.encode()) + _put_int(_OPSET_VERSION, 1)))
+    model = _put_int(_MODEL_IR_VERSION, 8) + opsets + _put(_MODEL_GRAPH, graph)
+    return model, np.ones((rows, k), dtype=np.float32), 127.0 * k
