@@ -33,8 +33,7 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int
     (``onnx_graph.prepare``, adr/0040) and raises ValueError for a model it cannot rewrite so,
     rather than fall back to float vectors; ``signed`` hands their weights over as int8 rather
     than uint8 (None: where :func:`signed_kernel_exact` says that sums exactly, adr/0042).
-    Raises whatever onnxruntime raises; callers
-    turn it into their own error.
+    Raises whatever onnxruntime raises; callers turn it into their own error.
 
     Returns a function that builds the session. This call does what holds the GIL: it
     imports onnxruntime, maps the file and rewrites the graph (``onnx_graph.prepare``: many
@@ -47,17 +46,22 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int
     """
     import onnxruntime as ort  # imported on first load: it is slow and BM25-only runs never need it
 
+    options = _options(ort, threads)
+    if not prepack:
+        options.add_session_config_entry("session.disable_prepacking", "1")
+    if int8_matmul and signed is None:
+        signed = signed_kernel_exact(ort)
+    return _prepared(ort, model_file, options, ["CPUExecutionProvider"], int8_matmul, bool(signed))
+
+
+def _options(ort, threads: int):
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
-    if not prepack:
-        options.add_session_config_entry("session.disable_prepacking", "1")
-    if int8_matmul and signed is None:
-        signed = signed_kernel_exact(ort)
-    return _prepared(ort, model_file, options, ["CPUExecutionProvider"], int8_matmul, bool(signed))
+    return options
 
 
 _signed_exact: bool | None = None
@@ -74,12 +78,9 @@ def signed_kernel_exact(ort) -> bool:
         from .onnx_graph import signed_probe
 
         model, ones, exact = signed_probe()
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = options.inter_op_num_threads = 1
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
-        try:
-            session = ort.InferenceSession(model, sess_options=options, providers=["CPUExecutionProvider"])
+        try:  # with the options the model's sessions use, so the same kernel answers
+            session = ort.InferenceSession(model, sess_options=_options(ort, 1),
+                                           providers=["CPUExecutionProvider"])
             (out,) = session.run(None, {"a": ones})
             _signed_exact = bool(np.all(np.abs(out - exact) <= exact * 1e-6))
         except Exception:  # an onnxruntime without the op or the kernel: the uint8 form

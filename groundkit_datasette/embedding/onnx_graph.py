@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 # Protobuf field numbers (onnx.proto3).
-_MODEL_GRAPH, _MODEL_OPSET = 7, 8
+_MODEL_IR_VERSION, _MODEL_GRAPH, _MODEL_OPSET = 1, 7, 8
 _OPSET_DOMAIN, _OPSET_VERSION = 1, 2
-_GRAPH_NODE, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 5, 11, 12
+_GRAPH_NODE, _GRAPH_NAME, _GRAPH_INITIALIZER, _GRAPH_INPUT, _GRAPH_OUTPUT = 1, 2, 5, 11, 12
 _GRAPH_SPARSE_INITIALIZER = 15
 _NODE_INPUT, _NODE_OUTPUT, _NODE_NAME, _NODE_OP, _NODE_ATTRIBUTE, _NODE_DOMAIN = 1, 2, 3, 4, 5, 7
 _ATTR_NAME, _ATTR_I = 1, 3
@@ -193,13 +193,17 @@ def _tensor(raw) -> _Tensor:
     return _Tensor(name, dtype, tuple(dims), None if other else data)
 
 
+def _tensor_head(name: str, array: np.ndarray) -> bytes:
+    """A TensorProto's dims, element type and name for ``array``."""
+    packed = b"".join(_put_varint(d) for d in array.shape)
+    dtype = {np.dtype(np.float32): _FLOAT, np.dtype(np.int8): _INT8, np.dtype(np.uint8): _UINT8}[array.dtype]
+    return _put(_TENSOR_DIMS, packed) + _put_int(_TENSOR_TYPE, dtype) + _put(_TENSOR_NAME, name.encode())
+
+
 def _placeholder(name: str, array: np.ndarray) -> bytes:
     """An initializer whose data the session is given from memory."""
-    packed = b"".join(_put_varint(d) for d in array.shape)
     location = _put(1, b"location") + _put(2, IN_MEMORY.encode())
-    dtype = {np.dtype(np.float32): _FLOAT, np.dtype(np.int8): _INT8, np.dtype(np.uint8): _UINT8}[array.dtype]
-    return (_put(_TENSOR_DIMS, packed) + _put_int(_TENSOR_TYPE, dtype) + _put(_TENSOR_NAME, name.encode())
-            + _put(_TENSOR_EXTERNAL, location) + _put_int(_TENSOR_LOCATION, 1))
+    return _tensor_head(name, array) + _put(_TENSOR_EXTERNAL, location) + _put_int(_TENSOR_LOCATION, 1)
 
 
 def _array(t: _Tensor, dtype) -> np.ndarray:
@@ -402,7 +406,6 @@ def _prepare(buf: memoryview, int8_matmul: bool = False, signed: bool = False) -
 
 # -- whether onnxruntime's uint8 x int8 kernel sums exactly on this CPU --------------------
 
-_MODEL_IR_VERSION = 1
 _VALUE_TYPE, _TYPE_TENSOR, _TENSOR_ELEM, _TENSOR_SHAPE, _SHAPE_DIM, _DIM_VALUE = 2, 1, 1, 2, 1, 1
 
 
@@ -413,10 +416,8 @@ def _value_info(name: str, shape: tuple[int, ...]) -> bytes:
 
 
 def _constant(name: str, array: np.ndarray) -> bytes:
-    dtype = {np.dtype(np.float32): _FLOAT, np.dtype(np.int8): _INT8}[array.dtype]
-    packed = b"".join(_put_varint(d) for d in array.shape)
-    return (_put(_TENSOR_DIMS, packed) + _put_int(_TENSOR_TYPE, dtype) + _put(_TENSOR_NAME, name.encode())
-            + _put(_TENSOR_RAW, np.ascontiguousarray(array).tobytes()))
+    """An initializer holding its data."""
+    return _tensor_head(name, array) + _put(_TENSOR_RAW, np.ascontiguousarray(array).tobytes())
 
 
 def signed_probe(rows: int = 8, k: int = 384, n: int = 384) -> tuple[bytes, np.ndarray, float]:
@@ -426,7 +427,7 @@ def signed_probe(rows: int = 8, k: int = 384, n: int = 384) -> tuple[bytes, np.n
     input quantises to 255 throughout, so each pair of products is 64,770; a kernel that
     saturates pairs at 16 bits (32,767) answers about half. The shapes are MiniLM's."""
     node = _make_node("DynamicQuantizeMatMul", ["a", "b", "b_scale", "b_zero"], ["y"], domain=_MS_DOMAIN)
-    graph = (_put(_GRAPH_NODE, node) + _put(2, b"groundkit-probe")
+    graph = (_put(_GRAPH_NODE, node) + _put(_GRAPH_NAME, b"groundkit-probe")
              + _put(_GRAPH_INITIALIZER, _constant("b", np.full((k, n), 127, dtype=np.int8)))
              + _put(_GRAPH_INITIALIZER, _constant("b_scale", np.ones(n, dtype=np.float32)))
              + _put(_GRAPH_INITIALIZER, _constant("b_zero", np.zeros(n, dtype=np.int8)))

@@ -14,7 +14,7 @@ from ..collection.terms import (  # noqa: F401  (the reading side uses the write
     B, DOCUMENT_MAP_ID, IDF_UNIT, K1, STOP_WORDS, TIE_ORDER_ID, TermTable, idf_of,
     rebuild_postings, settings, tokenize,
 )
-from ..collection.terms import _ASCII_WORD, _CJK_CHAR, _TOKEN, _stemmer, cjk_bigrams
+from ..collection.terms import _CJK_CHAR, _stemmer, cjk_bigrams, words as _words
 
 # Postings kept in memory per open collection (one published version, so never stale).
 POSTINGS_CACHE_TERMS = 50_000
@@ -459,11 +459,12 @@ def query_words(query: str) -> tuple[tuple[str, str], ...]:
     :func:`tokenize` gives, each beside the lower-cased word it came from (a CJK run gives
     its bigrams, each its own word). Stop words have no term and are left out."""
     low = query.lower()
+    tokens = _words(low)
     if low.isascii():  # no CJK run: the words left after the stop words, stemmed in one call
-        words = [t for t in _ASCII_WORD.findall(low) if t not in STOP_WORDS]
+        words = [t for t in tokens if t not in STOP_WORDS]
         return tuple(zip(words, _stemmer.stemWords(words)))
     out = []
-    for token in _TOKEN.findall(low):
+    for token in tokens:
         if _CJK_CHAR.match(token):
             out += [(b, b) for b in cjk_bigrams(token)]
         elif token not in STOP_WORDS:
