@@ -8,7 +8,10 @@ from . import hookspecs
 
 pm = pluggy.PluginManager("groundkit")
 pm.add_hookspecs(hookspecs)
-pm.load_setuptools_entrypoints("groundkit")
+# Installed plugins (``groundkit`` entry points) load on the first lookup (``_load_builtins``),
+# not at import: the scan of every distribution's metadata took 0.09 s of a fresh process's
+# first query before its model could start loading (adr/0041, session 11).
+_entry_points_loaded = False
 
 # The embedder used when neither the user nor the collection names one.
 DEFAULT_EMBEDDER = "minilm"
@@ -20,9 +23,13 @@ _builtins_lock = threading.Lock()  # a query model warming in a thread may get h
 
 
 def _load_builtins():
+    global _entry_points_loaded
     import importlib
 
     with _builtins_lock:
+        if not _entry_points_loaded:
+            pm.load_setuptools_entrypoints("groundkit")
+            _entry_points_loaded = True
         for name in _BUILTINS:
             mod = importlib.import_module(name)
             if not pm.is_registered(mod):
