@@ -30,7 +30,7 @@ def _install_fake_distribution(site):
 
 PROBE = """
 import json, sys
-import groundkit_datasette.plugins as plugins
+import groundkit_datasette.plugins
 from groundkit_datasette.embedding import embedders
 before = "gk_echo_plugin" in sys.modules
 from groundkit_datasette.plugins import build, registered
@@ -46,8 +46,7 @@ def test_an_installed_plugin_is_found_on_first_lookup_not_at_import(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     _install_fake_distribution(site)
-    env_path = str(site)
-    out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {env_path!r})\n" + PROBE],
+    out = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {str(site)!r})\n" + PROBE],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout.strip().splitlines()[-1])
