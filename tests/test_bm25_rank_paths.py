@@ -1,7 +1,8 @@
 """The BM25 ranking's shortcuts (adr/0039-bm25-per-query-overhead.md) against the plain
 computation, on one real collection built by ingest: a one-term query served from the term's
 cached head, the candidate paths of a longer query, ``matched_terms`` from a set of a short
-list's ids or a ``searchsorted`` of a long one, and a reader with hidden documents.
+list's ids, a bitmap of a dense one or a ``searchsorted`` of a long, sparse one, and a reader
+with hidden documents.
 
 The corpus is made for the edges: a term in every chunk (longer than the head and the set
 limit), chunks of equal length (ties at every cut), a word in one chunk only, CJK text,
@@ -212,3 +213,26 @@ def test_the_query_plan_matches_its_definitions():
         clear()
         assert bm25.query_words.cache_info().currsize == 0
         assert bm25._plan.cache_info().currsize == 0
+
+
+@pytest.mark.parametrize("size, last, path", [
+    (40, 5_000, "set"), (300, 5_000, "bitmap"), (300, 100_000, "searchsorted"),
+    (1, 0, "set"), (65, 64, "bitmap"),
+])
+def test_each_way_of_answering_holds_is_membership(size, last, path):
+    """Each of the three ways ``Postings.holds`` answers (chosen by the list's length and
+    density) against a set of the ids, for row ids inside, between, before and past them."""
+    rng = np.random.default_rng(size * 7 + last)
+    ids = np.sort(rng.choice(np.arange(last + 1), size=size, replace=False)).astype(np.int32)
+    ids[-1] = last
+    ids = np.unique(ids)
+    postings = bm25.Postings(ids, np.ones(ids.size, np.float32))
+    members = set(ids.tolist())
+    rows = sorted(set(rng.integers(0, last + 50, 300).tolist()) | set(ids[:25].tolist())
+                  | {0, last, last + 1, last + 8, last + 9, (last | 7) + 1})
+    want = [r in members for r in rows]
+    assert any(want) and not all(want)
+    assert postings.holds(rows, []) == want
+    assert postings.holds(rows[::-1], []) == want[::-1]  # from what the first call derived
+    made = {"set": postings._set is not None, "bitmap": postings._bits is not None}
+    assert made == {"set": path == "set", "bitmap": path == "bitmap"}

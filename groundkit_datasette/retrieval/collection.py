@@ -269,7 +269,7 @@ class Collection:
         if request is None:
             # The model load starts first: the request's validation imports pydantic.
             self._warm_query_model(fields.get("mode"), fields.get("query"), fields.get("vector"))
-            request = (_SEARCH_API or _search_api())[0](**fields)
+            request = (_SEARCH_API or _search_api())[0].model_validate(fields)  # 1 us under (**fields)
         else:
             self._warm_query_model(request.mode, request.query, request.vector)
         return (_SEARCH_API or _search_api())[1](self, request)

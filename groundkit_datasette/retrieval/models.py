@@ -214,11 +214,11 @@ def whole_builder(cls):
     # (``model_copy``); nothing here or in pydantic mutates it in place.
     fields_set = set(cls.model_fields)
     new, set_dict, set_fields, set_extra, set_private = (
-        _new, _set, _set_fields, _set_extra, _set_private)
+        _new, _set_dict, _set_fields, _set_extra, _set_private)
 
     def build(data: dict):
         instance = new(cls)
-        set_dict(instance, "__dict__", data)
+        set_dict(instance, data)
         set_fields(instance, fields_set)
         set_extra(instance, None)
         set_private(instance, None)
@@ -226,6 +226,33 @@ def whole_builder(cls):
 
     build.__doc__ = f"A {cls.__name__} of ``data`` (every field, in order), not validated."
     return build
+
+
+def hit_models(hits: list[dict]) -> list:
+    """:func:`built_whole` of each of ``hits`` (Hit's fields in order) as a Hit, each value of
+    its ``components`` as a ComponentScore, replaced in place: one loop, no call per model
+    (a page of ten hits is about twenty models)."""
+    new, set_dict, set_fields, set_extra, set_private = (
+        _new, _set_dict, _set_fields, _set_extra, _set_private)
+    hit_cls, hit_fields = Hit, _HIT_FIELDS
+    part_cls, part_fields = ComponentScore, _COMPONENT_FIELDS
+    out = []
+    for h in hits:
+        parts = h["components"]
+        for k, v in parts.items():
+            part = new(part_cls)
+            set_dict(part, v)
+            set_fields(part, part_fields)
+            set_extra(part, None)
+            set_private(part, None)
+            parts[k] = part
+        hit = new(hit_cls)
+        set_dict(hit, h)
+        set_fields(hit, hit_fields)
+        set_extra(hit, None)
+        set_private(hit, None)
+        out.append(hit)
+    return out
 
 
 def _instance(cls, data: dict, fields_set: set):
@@ -240,6 +267,7 @@ def _instance(cls, data: dict, fields_set: set):
 _BUILD_PLANS: dict = {}
 _new = object.__new__
 _set = object.__setattr__  # the models are frozen
+_set_dict = BaseModel.__dict__["__dict__"].__set__
 # BaseModel's slots, set through their descriptors (no attribute lookup by name per call).
 _set_fields = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
@@ -453,3 +481,8 @@ class DocumentResponse(Response):
     verification: DocumentVerification
     headings: list[DocumentHeading]
     chunks: list[DocumentChunk]
+
+
+# Shared by every model hit_models builds, as whole_builder's sets are.
+_HIT_FIELDS = set(Hit.model_fields)
+_COMPONENT_FIELDS = set(ComponentScore.model_fields)

@@ -56,10 +56,15 @@ class RankContext:
 
     def record(self, component: str, ranked, *, with_rank: bool = True) -> None:
         """Show each candidate's place in a component list on its hit (``components``)."""
+        # Every field of ComponentScore, in order (a search's payload holds them as is).
+        components = self.components
+        if not components and with_rank:  # the first list recorded: one dict per candidate
+            components.update({cid: {component: {"rank": rank, "score": score}}
+                               for rank, (cid, score) in enumerate(ranked, 1)})
+            return
         for rank, (cid, score) in enumerate(ranked, 1):
-            # Every field of ComponentScore, in order (a search's payload holds them as is).
             entry = {"rank": rank if with_rank else None, "score": score}
-            self.components.setdefault(cid, {})[component] = entry
+            components.setdefault(cid, {})[component] = entry
 
     def query_vector(self):
         if self._vector is None:
