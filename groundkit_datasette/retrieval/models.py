@@ -228,36 +228,9 @@ def whole_builder(cls):
     return build
 
 
-def hit_models(hits: list[dict]) -> list:
-    """:func:`built_whole` of each of ``hits`` (Hit's fields in order) as a Hit, each value of
-    its ``components`` as a ComponentScore, replaced in place: one loop, no call per model
-    (a page of ten hits is about twenty models)."""
-    new, set_dict, set_fields, set_extra, set_private = (
-        _new, _set_dict, _set_fields, _set_extra, _set_private)
-    hit_cls, hit_fields = Hit, _HIT_FIELDS
-    part_cls, part_fields = ComponentScore, _COMPONENT_FIELDS
-    out = []
-    for h in hits:
-        parts = h["components"]
-        for k, v in parts.items():
-            part = new(part_cls)
-            set_dict(part, v)
-            set_fields(part, part_fields)
-            set_extra(part, None)
-            set_private(part, None)
-            parts[k] = part
-        hit = new(hit_cls)
-        set_dict(hit, h)
-        set_fields(hit, hit_fields)
-        set_extra(hit, None)
-        set_private(hit, None)
-        out.append(hit)
-    return out
-
-
 def _instance(cls, data: dict, fields_set: set):
     instance = _new(cls)
-    _set(instance, "__dict__", data)
+    _set_dict(instance, data)
     _set_fields(instance, fields_set)
     _set_extra(instance, None)
     _set_private(instance, None)
@@ -481,8 +454,3 @@ class DocumentResponse(Response):
     verification: DocumentVerification
     headings: list[DocumentHeading]
     chunks: list[DocumentChunk]
-
-
-# Shared by every model hit_models builds, as whole_builder's sets are.
-_HIT_FIELDS = set(Hit.model_fields)
-_COMPONENT_FIELDS = set(ComponentScore.model_fields)

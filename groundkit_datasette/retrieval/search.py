@@ -13,7 +13,7 @@ import numpy as np
 from ..errors import DenseUnavailable, InvalidRequest, RerankNotConfigured, RerankerError
 from .models import (
     CITATION_FIELDS, MAX_OFFSET, MAX_TOP_K, ComponentScore, DocumentGroup, Hit, SearchRequest,
-    PlainResponse, SearchResponse, built, hit_models, whole_builder,
+    PlainResponse, SearchResponse, built, whole_builder,
 )
 from . import bm25
 from .stale import StaleCheck
@@ -308,9 +308,15 @@ def build_response(fields: dict, *, trusted: bool) -> SearchResponse:
     """
     if not trusted:
         return SearchResponse(**fields)
-    # Dicts in Hit's field order, from _hits, and the entries RankContext.record made for
-    # this search alone: they become the models' own.
-    fields["hits"] = hit_models(fields["hits"])
+    hits = []
+    for h in fields["hits"]:  # dicts in Hit's field order, from _hits: they become the models'
+        # The entries RankContext.record made for this search alone, every field of
+        # ComponentScore in order: each becomes its model's own dict, in place.
+        parts = h["components"]
+        for k, v in parts.items():
+            parts[k] = _whole_component(v)
+        hits.append(_whole_hit(h))
+    fields["hits"] = hits
     groups = fields["groups"]
     if groups is not None:
         fields["groups"] = [built(DocumentGroup, g) for g in groups]
