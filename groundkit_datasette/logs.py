@@ -97,6 +97,28 @@ def install_call_log() -> None:
     logger.propagate = False
 
 
+# True while the MCP SDK answers one of our stateless HTTP requests (surfaces/mcp_server.py).
+IN_STATELESS_MCP: contextvars.ContextVar[bool] = contextvars.ContextVar("groundkit_stateless_mcp", default=False)
+
+
+class QuietStatelessTransport(logging.Filter):
+    """Drops the SDK's INFO lines about the throwaway transport of one of our stateless calls.
+
+    Each call ends with ``Terminating session: None``; with the ``rich`` root handler the
+    SDK's FastMCP installs (datasette-mcp builds one), rendering it costs 1.5-2 ms a call.
+    Our access line already records the call. Warnings and errors pass, and so does every
+    line of another server built on the same SDK (the flag is set only around ours)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or not IN_STATELESS_MCP.get()
+
+
+def install_stateless_mcp_filter() -> None:
+    logger = logging.getLogger("mcp.server.streamable_http")
+    if not any(isinstance(f, QuietStatelessTransport) for f in logger.filters):
+        logger.addFilter(QuietStatelessTransport())
+
+
 _SQL_ERROR = "ERROR: conn="
 
 

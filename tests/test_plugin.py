@@ -373,6 +373,42 @@ async def test_call_lines_go_to_stderr_with_a_plain_handler_of_their_own(ds, cap
     assert len(hits) > 1 and f"results={len(hits)}" in err
 
 
+async def test_an_mcp_http_call_leaves_no_sdk_info_line_but_its_warnings_pass(ds):
+    # The SDK logs "Terminating session: None" at INFO after every stateless call; behind
+    # the rich root handler the SDK's FastMCP installs, that line cost 1.5-2 ms a call.
+    from groundkit_datasette.logs import IN_STATELESS_MCP
+
+    await ds.invoke_startup()
+    records = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    sdk = logging.getLogger("mcp.server.streamable_http")
+    keep, saved = Keep(level=logging.DEBUG), sdk.level
+    sdk.addHandler(keep)
+    sdk.setLevel(logging.DEBUG)
+    try:
+        body = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+                "params": {"name": "search", "arguments": {"collection": "energy", "query": "solar", "mode": "bm25"}}}
+        r = await ds.client.post("/-/groundkit/mcp", content=json.dumps(body), headers={
+            "content-type": "application/json", "accept": "application/json, text/event-stream"})
+        assert r.status_code == 200 and r.json()["result"]["structuredContent"]["hits"]
+        assert not [x for x in records if x.levelno == logging.INFO]
+        # Outside our calls (another server on the same SDK) INFO lines pass; inside, warnings do.
+        sdk.info("another server's line")
+        token = IN_STATELESS_MCP.set(True)
+        try:
+            sdk.warning("a real problem")
+        finally:
+            IN_STATELESS_MCP.reset(token)
+        assert [x.getMessage() for x in records[-2:]] == ["another server's line", "a real problem"]
+    finally:
+        sdk.removeHandler(keep)
+        sdk.setLevel(saved)
+
+
 def test_a_configured_call_logger_is_left_alone():
     from groundkit_datasette.logs import install_call_log
 

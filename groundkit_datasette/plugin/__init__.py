@@ -14,7 +14,8 @@ from pathlib import Path
 from datasette import hookimpl
 
 from ..logs import (
-    install_access_log_filter, install_call_log, install_sql_error_redaction, withhold_exception_locals,
+    install_access_log_filter, install_call_log, install_sql_error_redaction, install_stateless_mcp_filter,
+    withhold_exception_locals,
 )
 from ..surfaces.json_api import (  # noqa: F401  (part of the plugin's face)
     HEALTH_ROUTE, MAX_BODY_BYTES, MCP_ROUTE, OPENAPI_ROUTE, health_view, json_view, openapi_view,
@@ -81,6 +82,7 @@ def startup(datasette):
     hide_secrets(datasette)  # after settings_for: the parsed settings keep the values
     install_access_log_filter()
     install_call_log()
+    install_stateless_mcp_filter()
     install_sql_error_redaction()
     withhold_exception_locals()
     from ..security.boundary import startup_checks

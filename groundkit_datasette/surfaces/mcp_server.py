@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from . import serialize, service, strictjson
 from ..collection.names import NAME_PATTERN
+from ..logs import IN_STATELESS_MCP
 from .service import RequestRejected, ToolContext, map_exception
 from .tools import Tool, all_tools
 
@@ -651,5 +652,9 @@ async def mcp_http_view(datasette, request, scope, receive, send):
                           request_id)
         return None
     scope = dict(scope, **{ACTOR_SCOPE_KEY: request.actor, REQUEST_ID_SCOPE_KEY: request_id})
-    await endpoint.manager.handle_request(scope, _replay(body, receive), _shaped(send, request_id))
+    quiet = IN_STATELESS_MCP.set(True)
+    try:
+        await endpoint.manager.handle_request(scope, _replay(body, receive), _shaped(send, request_id))
+    finally:
+        IN_STATELESS_MCP.reset(quiet)
     return None
