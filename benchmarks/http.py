@@ -73,19 +73,37 @@ def start_server(index_dir: Path, work: Path):
     raise RuntimeError("datasette did not start")
 
 
-def surfaces(name: str, mode: str):
-    """(label, async fn(client, query) -> ok) for each HTTP surface."""
-
-    async def json_search(client, q):
-        r = await client.post(f"/{name}/-/groundkit/search.json", json={"query": q, "mode": mode, "top_k": 10})
-        return r.status_code == 200 and "hits" in r.json()
-
+def requests_for(name: str, mode: str):
+    """(label, fn(query) -> (method, path, body bytes, headers)): one request per search, for
+    both clients."""
     counter = iter(range(1, 10**9))
 
-    async def mcp_call(client, q):
+    def json_search(q):
+        return ("POST", f"/{name}/-/groundkit/search.json",
+                json.dumps({"query": q, "mode": mode, "top_k": 10}).encode(), {"content-type": "application/json"})
+
+    def mcp_call(q):
         body = {"jsonrpc": "2.0", "id": next(counter), "method": "tools/call",
                 "params": {"name": "search", "arguments": {"collection": name, "query": q, "mode": mode, "top_k": 10}}}
-        r = await client.post("/-/groundkit/mcp", json=body, headers=MCP_HEADERS)
+        return "POST", "/-/groundkit/mcp", json.dumps(body).encode(), MCP_HEADERS
+
+    return [("JSON search.json", json_search), ("MCP tools/call", mcp_call)]
+
+
+def surfaces(name: str, mode: str):
+    """(label, async fn(client, query) -> ok) for each HTTP surface, through httpx."""
+    (_, json_request), (_, mcp_request) = requests_for(name, mode)
+
+    async def send(client, request):
+        method, path, body, headers = request
+        return await client.request(method, path, content=body, headers=headers)
+
+    async def json_search(client, q):
+        r = await send(client, json_request(q))
+        return r.status_code == 200 and "hits" in r.json()
+
+    async def mcp_call(client, q):
+        r = await send(client, mcp_request(q))
         if r.status_code != 200:
             return False
         text = r.text
@@ -131,22 +149,6 @@ def start_floor_server():
     proc = subprocess.Popen([sys.executable, "-c", _FLOOR_SERVER, str(port)], stdout=subprocess.PIPE, text=True)
     proc.stdout.readline()
     return proc, f"http://127.0.0.1:{port}"
-
-
-def light_requests(name: str, mode: str):
-    """(label, fn(query) -> (method, path, body bytes, headers)) for the keep-alive stdlib client."""
-    counter = iter(range(1, 10**9))
-
-    def json_search(q):
-        return ("POST", f"/{name}/-/groundkit/search.json",
-                json.dumps({"query": q, "mode": mode, "top_k": 10}).encode(), {"content-type": "application/json"})
-
-    def mcp_call(q):
-        body = {"jsonrpc": "2.0", "id": next(counter), "method": "tools/call",
-                "params": {"name": "search", "arguments": {"collection": name, "query": q, "mode": mode, "top_k": 10}}}
-        return "POST", "/-/groundkit/mcp", json.dumps(body).encode(), MCP_HEADERS
-
-    return [("JSON search.json", json_search), ("MCP tools/call", mcp_call)]
 
 
 def light_client(base_url: str, request, queries: list[str], total: int, check: str = "hits"):
@@ -324,7 +326,7 @@ def main(argv=None):
                              c.ratio(p50, lib[n][0]), c.ratio(rate, lib[n][1])])
             print(f"done: {label}", file=sys.stderr, flush=True)
         light = {}
-        for label, request in light_requests(name, args.mode):
+        for label, request in requests_for(name, args.mode):
             light_client(base, request, queries, 5)  # warm-up
             lat, err = light_client(base, request, queries, args.requests)
             light[label] = c.percentile(lat, 0.5)
