@@ -27,7 +27,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from . import serialize, service, strictjson
+from . import mcp_direct, serialize, service, strictjson
 from ..collection.names import NAME_PATTERN
 from ..logs import IN_STATELESS_MCP
 from .service import RequestRejected, ToolContext, map_exception
@@ -44,6 +44,8 @@ SURFACE_HTTP = "mcp-http"
 ACTOR_SCOPE_KEY = "groundkit.actor"
 # Set by ``mcp_http_view`` too: the HTTP request's id, which the tool call then logs and answers.
 REQUEST_ID_SCOPE_KEY = "groundkit.request_id"
+# False: every HTTP call goes through the SDK's stateless transport (the parity tests' oracle).
+DIRECT_CALLS = True
 STATUS_META_KEY = "groundkit/status"
 ERROR_META_KEY = "groundkit/error"
 
@@ -111,7 +113,13 @@ class _CollectionArgument(BaseModel):
 
 
 def _snippet(text: str, limit: int = 240) -> str:
-    flat = " ".join(text.split())
+    """``text`` with its whitespace runs made single spaces, cut to ``limit`` characters."""
+    # The flattened head of a text is a prefix of the flattened whole, so a head that is
+    # already too long gives the same cut without flattening a 2,000-character chunk.
+    head = " ".join(text[: limit * 2].split())
+    if len(head) > limit:
+        return head[: limit - 3] + "..."
+    flat = head if len(text) <= limit * 2 else " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
@@ -265,7 +273,13 @@ def _message_id(value):
 
 
 def refuse_malformed(raw: bytes, request_id: str) -> dict | None:
-    """None when ``raw`` is one well-formed JSON-RPC message; otherwise the error that answers it.
+    """None when ``raw`` is one well-formed JSON-RPC message; otherwise the error that answers it."""
+    return parse_message(raw, request_id)[1]
+
+
+def parse_message(raw: bytes, request_id: str) -> tuple[object, dict | None]:
+    """``(message, None)`` when ``raw`` is one well-formed JSON-RPC message; otherwise
+    ``(None, the error that answers it)``.
 
     The SDK would drop a line it cannot parse on stdio (the client waits for its
     timeout) and word its own HTTP refusals; both transports answer these here,
@@ -276,18 +290,18 @@ def refuse_malformed(raw: bytes, request_id: str) -> dict | None:
     try:
         value = strictjson.loads(raw)
     except strictjson.NotJSON as exc:
-        return _rpc_error(_message_id(exc.value), types.PARSE_ERROR,
-                          "parse error: the message is not valid UTF-8 JSON", request_id)
+        return None, _rpc_error(_message_id(exc.value), types.PARSE_ERROR,
+                                "parse error: the message is not valid UTF-8 JSON", request_id)
     except strictjson.TooDeep as exc:
-        return _rpc_error(_message_id(exc.value), types.INVALID_REQUEST,
-                          f"invalid request: JSON nested more than {strictjson.MAX_DEPTH} levels deep",
-                          request_id)
+        return None, _rpc_error(_message_id(exc.value), types.INVALID_REQUEST,
+                                f"invalid request: JSON nested more than {strictjson.MAX_DEPTH} levels deep",
+                                request_id)
     try:
         types.jsonrpc_message_adapter.validate_python(value, by_name=False)
     except ValidationError:
-        return _rpc_error(_message_id(value), types.INVALID_REQUEST,
-                          "invalid request: not a JSON-RPC 2.0 message", request_id)
-    return None
+        return None, _rpc_error(_message_id(value), types.INVALID_REQUEST,
+                                "invalid request: not a JSON-RPC 2.0 message", request_id)
+    return value, None
 
 
 def _too_large(limit: int) -> str:
@@ -318,6 +332,8 @@ def _drop_error_data(message) -> bool:
 
 
 def _without_error_data(body: bytes) -> bytes:
+    if b'"error"' not in body:  # no error member: skip parsing a whole result (5-50 KB)
+        return body
     try:
         data = json.loads(body)
     except ValueError:
@@ -464,6 +480,7 @@ class _HttpEndpoint:
 
         self.loop = asyncio.get_running_loop()
         self.server = build_server(datasette, surface=SURFACE_HTTP)
+        self.tools = {tool.name: tool for tool in all_tools()}
         self.manager = StreamableHTTPSessionManager(
             app=self.server,
             # Stateless JSON: no session survives a request, so nothing is held per client
@@ -640,7 +657,7 @@ async def mcp_http_view(datasette, request, scope, receive, send):
     except RequestRejected as exc:
         await _send_error(send, exc, request_id)
         return None
-    refusal = refuse_malformed(body, request_id)
+    message, refusal = parse_message(body, request_id)
     if refusal is not None:
         _log_refusal(request_id, SURFACE_HTTP, 400, _RPC_KINDS.get(refusal["error"]["code"], "invalid_request"))
         await _send_json(send, 400, refusal, request_id)
@@ -652,9 +669,17 @@ async def mcp_http_view(datasette, request, scope, receive, send):
                           request_id)
         return None
     scope = dict(scope, **{ACTOR_SCOPE_KEY: request.actor, REQUEST_ID_SCOPE_KEY: request_id})
+    replay, shaped = _replay(body, receive), _shaped(send, request_id)
+
+    async def call(name, arguments):
+        return await answer_call(datasette, endpoint.tools[name], arguments, request.actor,
+                                 SURFACE_HTTP, request_id)
+
+    if DIRECT_CALLS and await mcp_direct.answer(message, endpoint.tools, call, scope, shaped):
+        return None
     quiet = IN_STATELESS_MCP.set(True)
     try:
-        await endpoint.manager.handle_request(scope, _replay(body, receive), _shaped(send, request_id))
+        await endpoint.manager.handle_request(scope, replay, shaped)
     finally:
         IN_STATELESS_MCP.reset(quiet)
     return None
