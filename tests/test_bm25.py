@@ -40,6 +40,37 @@ def test_ingest_encoding_counts_what_the_query_tokenizer_sees(texts):
         assert list(array("i", term_ids)) == sorted(array("i", term_ids))
 
 
+CJK_OR_ASCII = st.one_of(TEXT, st.text(st.characters(max_codepoint=127), max_size=200), st.sampled_from(["東京タワー と Tokyo tower", "서울 Seoul", "RIVER_bank 3.5",
+                                                 "", "the and a", "Ünïcode mixed WITH ascii"]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(batches=st.lists(st.lists(CJK_OR_ASCII, max_size=6), min_size=1, max_size=4))
+def test_a_batch_encodes_as_its_texts_one_by_one(batches):
+    """``encode_many`` (ingest's batch path: ASCII words as bytes, counted with numpy) gives
+    each text's values and assigns the same term ids in the same order as ``encode``."""
+    tables = []
+    for _ in range(2):
+        conn = sqlite3.connect(":memory:")
+        schema.create_schema(conn)
+        tables.append(bm25.TermTable(conn))
+    one, many = tables
+    for texts in batches:
+        assert many.encode_many(texts) == [one.encode(text) for text in texts]
+    assert many.new_terms == one.new_terms
+
+
+def test_a_batch_after_the_word_memo_starts_over_still_encodes_alike(monkeypatch):
+    monkeypatch.setattr(bm25.TermTable, "WORD_MEMO_LIMIT", 3)
+    conn = sqlite3.connect(":memory:")
+    schema.create_schema(conn)
+    table = bm25.TermTable(conn)
+    texts = ["rivers flow to the sea", "東京 rivers", "seas and rivers meet"]
+    first = table.encode_many(texts)
+    again = table.encode_many(texts)  # the memo is past its limit: cleared, CJK set included
+    assert first == again == [table.encode(t) for t in texts]
+
+
 def test_term_ids_are_stable_within_a_run_and_new_terms_are_recorded():
     conn = sqlite3.connect(":memory:")
     schema.create_schema(conn)

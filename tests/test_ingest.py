@@ -9,6 +9,7 @@ import time
 import pytest
 
 from groundkit_datasette.collection import schema
+from groundkit_datasette.collection.terms import TermTable
 from groundkit_datasette.errors import CollectionBusy, InvalidCollectionName, InvalidRequest
 from groundkit_datasette.collection.extract import extract_file
 from groundkit_datasette.collection.ingest import Indexer, ingest
@@ -162,14 +163,14 @@ def test_failure_inside_a_document_keeps_its_previous_state(corpus, index_dir, m
     (corpus / "solar.md").write_text("# Solar\n\nfirst part\n\n## Two\n\nsecond part BROKEN\n")
     (corpus / "notes" / "wind.txt").write_text("Wind is changed too.\n")
 
-    original = Indexer._term_row
+    original = TermTable.encode_many
 
-    def explode(self, row_id, terms, chunk):
-        if "BROKEN" in chunk.text:  # fails after the document's chunk rows were written
+    def explode(self, texts):
+        if any("BROKEN" in text for text in texts):  # fails after the document's chunk rows were written
             raise RuntimeError("disk on fire")
-        return original(self, row_id, terms, chunk)
+        return original(self, texts)
 
-    monkeypatch.setattr(Indexer, "_term_row", explode)
+    monkeypatch.setattr(TermTable, "encode_many", explode)
     report = ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
     assert report.failed == 1 and report.updated == 1
     assert report.failed_files == [("solar.md", "write failed")]

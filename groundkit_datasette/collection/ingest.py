@@ -1093,16 +1093,12 @@ class Indexer:
                 cjk.append((row[0], row[1], " ".join(bm25_index.cjk_terms(row[10] + "\n" + row[11]))))
         if cjk:
             conn.executemany("INSERT INTO chunks_cjk(id, chunk_id, bigrams) VALUES (?, ?, ?)", cjk)
-        chunks = (ch for p in batch for ch in p.chunks)
+        encoded = terms.encode_many([embedding_text(ch.heading, ch.text) for p in batch for ch in p.chunks])
         conn.executemany(
             "INSERT INTO bm25_chunk_terms(id, length, term_ids, term_freqs) VALUES (?, ?, ?, ?)",
-            [self._term_row(row[0], terms, ch) for row, ch in zip(rows, chunks)],
+            [(row[0], *values) for row, values in zip(rows, encoded)],
         )
         self._next_row_id = next_id
-
-    def _term_row(self, row_id, terms, chunk) -> tuple:
-        length, ids, freqs = terms.encode(embedding_text(chunk.heading, chunk.text))
-        return row_id, length, ids, freqs
 
     def _write_manifest(self, conn, manifest, embedder, chunker, generation, base, report=None):
         values = {

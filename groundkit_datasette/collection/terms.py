@@ -8,6 +8,7 @@ import re
 import sqlite3
 from collections import _count_elements as _count  # the C loop under Counter
 from array import array
+from itertools import chain
 
 import numpy as np
 import Stemmer
@@ -43,6 +44,17 @@ _CJK_CHAR = _Pattern(f"[{_CJK}]")
 # _TOKEN on a string without CJK characters: its second branch, ``[^\W<CJK>]+``, is ``\w+``
 # there, and ``\w+`` runs about 1.5x faster (ingest tokenizes every chunk; a query too).
 _ASCII_WORD = re.compile(r"\w+")
+
+
+# ``\w+`` of lower-cased ASCII text, in one C pass over bytes: letters lower-cased, digits and
+# "_" kept, every other byte a space (about 4x faster than the regex; ingest tokenizes every chunk).
+_ASCII_FOLD = bytes(c + 32 if 65 <= c <= 90 else c if c < 128 and (chr(c).isalnum() or c == 95) else 32
+                    for c in range(256))
+
+
+def ascii_words(text: str) -> list[bytes]:
+    """``words(text.lower())`` of an ASCII ``text``, as bytes."""
+    return text.encode("ascii").translate(_ASCII_FOLD).split()
 
 
 def words(low: str) -> list[str]:
@@ -130,6 +142,7 @@ class TermTable:
         # token -> its term id (-1 for a stop word; a CJK run: a tuple, a bigram each): each
         # distinct token is stemmed or split once per run.
         self._word_ids: dict[str, int | tuple[int, ...]] = {}
+        self._cjk_words: set[str] = set()  # the memo's words that stand for bigrams
 
     def has_cjk_terms(self) -> bool:
         """Whether any stored term holds CJK text (tokenized whole, before bigrams)."""
@@ -139,6 +152,7 @@ class TermTable:
 
     def _word_id(self, word: str) -> int | tuple[int, ...]:
         if _CJK_CHAR.match(word):
+            self._cjk_words.add(word)
             return tuple(self._term_id(t) for t in cjk_bigrams(word))
         if word in STOP_WORDS:
             return -1
@@ -161,6 +175,7 @@ class TermTable:
         memo = self._word_ids
         if len(memo) > self.WORD_MEMO_LIMIT:
             memo.clear()
+            self._cjk_words.clear()
         counts: dict[int, int] = {}
         counted = counts.get
         length = 0
@@ -181,6 +196,38 @@ class TermTable:
         term_ids = array("i", sorted(counts))
         freqs = array("i", [counts[t] for t in term_ids])
         return length, term_ids.tobytes(), freqs.tobytes()
+
+    def encode_many(self, texts: list[str]) -> list[tuple[int, bytes, bytes]]:
+        """:meth:`encode` of each text, the same values and term ids, for a batch at once:
+        words are looked up in one pass over the batch and counted with numpy, instead of a
+        Python loop over every chunk's distinct words (a third of a BM25-only ingest)."""
+        memo = self._word_ids
+        if len(memo) > self.WORD_MEMO_LIMIT:
+            memo.clear()
+            self._cjk_words.clear()
+        # An ASCII text's words are bytes (the memo keys them apart from the str of others).
+        per_text = [ascii_words(text) if text.isascii() else words(text.lower()) for text in texts]
+        flat = list(chain.from_iterable(per_text))
+        distinct = dict.fromkeys(flat)
+        for word in distinct:  # new words in order of first use, as encode meets them
+            if word not in memo:
+                memo[word] = self._word_id(word if type(word) is str else word.decode("ascii"))
+        if self._cjk_words and not self._cjk_words.isdisjoint(distinct):  # bigram ids: rare
+            return [self.encode(text) for text in texts]
+        ids = list(map(memo.__getitem__, flat))
+        if not ids:
+            return [(0, b"", b"") for _ in texts]
+        term = np.fromiter(ids, dtype=np.int64, count=len(ids))
+        text_of = np.repeat(np.arange(len(texts), dtype=np.int64), [len(ws) for ws in per_text])
+        kept = term >= 0  # stop words are -1
+        term, text_of = term[kept], text_of[kept]
+        lengths = np.bincount(text_of, minlength=len(texts)).tolist()
+        keys, freqs = np.unique(text_of * self.next_id + term, return_counts=True)  # sorted: text, term
+        terms = (keys % self.next_id).astype(np.int32)
+        freqs = freqs.astype(np.int32)
+        bounds = np.searchsorted(keys // self.next_id, np.arange(len(texts) + 1)).tolist()
+        return [(lengths[i], terms[bounds[i]:bounds[i + 1]].tobytes(), freqs[bounds[i]:bounds[i + 1]].tobytes())
+                for i in range(len(texts))]
 
     def flush(self) -> None:
         if self.new_terms:
