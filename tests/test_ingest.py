@@ -484,3 +484,13 @@ def test_pdf_chunks_keep_their_page_numbers_and_verify(tmp_path, index_dir):
         hit = col.search(query="drones", mode="bm25").hits[0]
         assert hit.page_start == 2
         assert col.fetch_chunk(hit.chunk_id).verification.status == "verified"
+
+
+@pytest.mark.parametrize("source", ["a.md", "dir.d/file", "file.", ".bashrc", "x.tar.gz", "a/.b.txt",
+                                    "noext", "a..b", "..", "a/b.", "d/.md", "notes/Report.PDF"])
+def test_the_suffix_ingest_picks_an_extractor_by_is_the_paths_own(source):
+    from pathlib import PurePosixPath
+
+    from groundkit_datasette.collection.ingest import _suffix
+
+    assert _suffix(source) == PurePosixPath(source).suffix

@@ -111,11 +111,11 @@ class ACLResolver:
             return os.path.lexists(path)
         return name in listing
 
-    def _read_file(self, path: Path) -> str | None:
+    def _read_file(self, path: str | Path) -> str | None:
         """The normalized list in an ACL file, None if absent; InvalidACL if unusable."""
         if not self._present(path):
             return None
-        real = path.resolve()
+        real = Path(path).resolve()
         if real != self.base and self.base not in real.parents:
             raise InvalidACL("access-list file leads outside the base directory")
         try:
@@ -154,7 +154,7 @@ class ACLResolver:
                 if matter is not None and FRONT_MATTER_KEY in matter:
                     return normalize(matter[FRONT_MATTER_KEY])
             path = os.path.join(self.base, source)
-            sidecar = self._read_file(Path(path + SIDECAR_SUFFIX))
+            sidecar = self._read_file(path + SIDECAR_SUFFIX)  # a str: no Path per document
             if sidecar is not None:
                 return sidecar
             acl, error = self._directory(os.path.dirname(path))

@@ -165,10 +165,17 @@ class Outcome:
     reason: str
 
 
+def _suffix(source: str) -> str:
+    """``PurePosixPath(source).suffix`` without building a path per document."""
+    name = source.rpartition("/")[2]
+    i = name.rfind(".")
+    return name[i:] if 0 < i < len(name) - 1 else ""
+
+
 def prepare_document(job: _Job, chunk_size: int, chunk_overlap: int,
                      title_header: bool = True) -> "_Prepared | Outcome":
     try:
-        extracted = extract_bytes(job.data, Path(job.source).suffix)
+        extracted = extract_bytes(job.data, _suffix(job.source))
     except Skipped as skip:
         return Outcome(True, skip.reason)
     except Exception as exc:
@@ -465,7 +472,7 @@ class Indexer:
                 elif entry.is_dir():
                     subdirs.append((entry.path, rel + "/"))
                 elif entry.is_file():
-                    yield rel, Path(entry.path)
+                    yield rel, entry.path  # opened, nothing else: no Path per file
                 else:
                     report.skip(rel, "not a regular file")
             for path, sub_prefix in subdirs:
