@@ -111,3 +111,24 @@ async def test_one_server_opened_without_i_sees_the_reingest(corpus, index_dir):
     assert after == {5}
     r = await ds.client.get("/energy/chunks.json?_search=flywheels&_shape=array")
     assert len(r.json()) == 1
+
+
+async def test_a_file_that_stops_being_a_collection_is_not_searched_from_the_open_copy(corpus, index_dir):
+    """The search API keeps the collection it opened while the file at the path is the same
+    one; once another file (not a collection) is moved there, it answers not found."""
+    import os
+
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    path = index_dir / "energy.sqlite3"
+    ds = serve(path)
+    url, body = "/energy/-/groundkit/search.json", {"query": "turbines"}
+    r = await ds.client.post(url, json=body)
+    assert r.status_code == 200 and r.json()["hits"]
+    other = index_dir / "other.sqlite3"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE t (x)")
+    conn.commit()
+    conn.close()
+    os.replace(other, path)
+    r = await ds.client.post(url, json=body)
+    assert r.status_code == 404 and r.json()["error"] == "collection_not_found"

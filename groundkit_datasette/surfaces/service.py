@@ -321,11 +321,18 @@ class Registry:
 
     async def get(self, name: str, actor) -> Collection:
         validate_name(name)  # before any lookup: a traversal probe learns nothing
-        path = self.database_path(name)
+        col = self._open.get(name)
+        db = self.datasette.databases.get(name)
+        # The collection already open at this database's path, and still the file there (one
+        # stat): known to be a collection file, so its header is not read again per request.
+        if (col is not None and db is not None and getattr(db, "path", None) == str(col.path)
+                and col.is_current()):
+            path = col.path
+        else:
+            path, col = self.database_path(name), None
         if path is None or not await self.allowed(actor, name):
             raise E.CollectionNotFound("collection not found")  # echoes nothing from the request
-        col = self._open.get(name)
-        if col is not None and col.path == path and col.is_current():
+        if col is not None:
             return col
         async with self._lock:
             col = self._open.get(name)
