@@ -132,7 +132,9 @@ async def _search(ctx, collection, request):
 
     col = await ctx.collection(collection)
     scoped = ctx.scoped(col)
-    return await ctx.run(lambda: search_plain(col, request, scoped.access()))
+    # A BM25 search of a small collection takes less than handing it to a thread (adr/0044).
+    return await ctx.run_brief((col.path, request.mode, request.rerank),
+                               lambda: search_plain(col, request, scoped.access()))
 
 
 async def _verify_quote(ctx, collection, request):

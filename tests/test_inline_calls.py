@@ -1,0 +1,103 @@
+"""Brief calls run on the event loop, slow ones in a worker thread (surfaces/inline_calls.py)."""
+
+import asyncio
+import threading
+import time
+
+from datasette.app import Datasette
+
+from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.surfaces import inline_calls
+from groundkit_datasette.surfaces.inline_calls import InlineCalls
+
+from .conftest import write_corpus
+
+
+def where():
+    return threading.get_ident()
+
+
+async def test_a_brief_call_moves_to_the_loop_after_its_warm_runs_and_a_slow_one_moves_back():
+    calls = InlineCalls()
+    loop_thread = threading.get_ident()
+    first = [await calls.run("k", where) for _ in range(inline_calls.WARM_RUNS)]
+    assert loop_thread not in first  # timed in threads while the pages may be cold
+    assert await calls.run("k", where) == loop_thread
+
+    def slow():
+        time.sleep(0.01)
+        return where()
+
+    assert await calls.run("k", slow) == loop_thread  # it was brief until this run said otherwise
+    assert await calls.run("k", where) != loop_thread  # one slow run sends the call to threads
+    for _ in range(10):  # quick runs in the thread bring it back
+        await calls.run("k", where)
+    assert await calls.run("k", where) == loop_thread
+    assert calls.brief("k") and not calls.brief("another key")
+
+
+async def test_an_error_is_raised_where_the_call_ran_and_still_counts_as_a_run():
+    calls = InlineCalls()
+
+    def fails():
+        raise ValueError("no")
+
+    for _ in range(inline_calls.WARM_RUNS + 2):
+        try:
+            await calls.run("k", fails)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError("the error was swallowed")
+    assert calls.brief("k")
+
+
+async def test_bm25_searches_of_a_small_collection_run_on_the_loop_and_answer_alike(tmp_path, monkeypatch):
+    """Through a real Datasette app: the same answers whether a search ran in a thread or on
+    the loop, and the loop does not wait on a search that became slow."""
+    from groundkit_datasette.retrieval import search as search_module
+
+    # The wiring is under test, not the line: a line this slow machine's searches are under.
+    monkeypatch.setattr(inline_calls, "BRIEF_SECONDS", 0.05)
+    corpus = write_corpus(tmp_path / "corpus")
+    ingest([corpus], collection="energy", index_dir=tmp_path / "index", embedder="none")
+    ds = Datasette(files=[], metadata={"plugins": {"groundkit": {"index_dir": str(tmp_path / "index")}}})
+    ran_in = []
+    real = search_module.search_plain
+
+    def recording(*args, **kwargs):
+        ran_in.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search_module, "search_plain", recording)
+    loop_thread = threading.get_ident()
+    bodies = []
+    for _ in range(inline_calls.WARM_RUNS + 2):
+        r = await ds.client.post("/energy/-/groundkit/search.json", json={"query": "turbines"})
+        assert r.status_code == 200
+        body = r.json()
+        body.pop("timings_ms", None)
+        body.pop("request_id", None)
+        bodies.append(body)
+    assert all(b == bodies[0] for b in bodies) and bodies[0]["hits"]
+    assert loop_thread not in ran_in[: inline_calls.WARM_RUNS] and ran_in[-1] == loop_thread
+
+    def slow(*args, **kwargs):
+        time.sleep(0.2)
+        return recording(*args, **kwargs)
+
+    monkeypatch.setattr(search_module, "search_plain", slow)
+    await ds.client.post("/energy/-/groundkit/search.json", json={"query": "turbines"})  # on the loop, once
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.005)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    r = await ds.client.post("/energy/-/groundkit/search.json", json={"query": "turbines"})
+    task.cancel()
+    assert r.status_code == 200 and ran_in[-1] != loop_thread
+    assert ticks >= 3  # the loop ran other work while the slow search ran in a thread
