@@ -167,11 +167,20 @@ def _connection(base_url: str):
 
 
 def _timed(conn, request, check: bytes) -> tuple[float, bool]:
+    """One request: (ms, ok). A dropped keep-alive connection counts as an error and is
+    opened again (http.client reconnects on the next request), not the end of the run."""
+    import http.client
+
     method, path, body, headers = request
     t = time.perf_counter()
-    conn.request(method, path, body=body, headers=headers)
-    resp = conn.getresponse()
-    data = resp.read()
+    try:
+        conn.request(method, path, body=body, headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+    except (http.client.HTTPException, ConnectionError) as exc:
+        print(f"request failed ({type(exc).__name__}); reconnecting", file=sys.stderr)
+        conn.close()
+        return (time.perf_counter() - t) * 1000, False
     return (time.perf_counter() - t) * 1000, resp.status == 200 and check in data
 
 
