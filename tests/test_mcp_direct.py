@@ -12,7 +12,7 @@ from datasette.app import Datasette
 
 from groundkit_datasette.surfaces import mcp_direct, mcp_server
 
-from .test_mcp import ERROR_CALLS, METADATA, SUCCESS_CALLS, built  # noqa: F401 (fixture)
+from .test_mcp import ERROR_CALLS, METADATA, SUCCESS_CALLS, built, served  # noqa: F401 (fixtures)
 
 HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream",
            "mcp-protocol-version": "2025-06-18"}
@@ -154,3 +154,18 @@ async def test_the_direct_answer_carries_the_callers_actor(app, taken, monkeypat
     assert anonymous.json()["result"]["isError"] is True
     monkeypatch.setattr(mcp_server, "DIRECT_CALLS", False)
     assert normalized(await post(app, HEADERS, message, cookies)) == normalized(ours)
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_the_sdks_own_client_over_http_is_answered_by_the_direct_path(served, taken, mode):  # noqa: F811
+    """What a real client sends, not only this file's requests: the mcp SDK's client over
+    streamable HTTP (a real uvicorn server). In its handshake mode (what clients of the
+    2025 versions send) the call takes the direct path; in "auto" it speaks 2026-07-28,
+    which the SDK itself answers in the request's task, and the direct path stays out."""
+    from mcp.client import Client
+
+    server, _ds = served
+    async with Client(server.url + "/-/groundkit/mcp", mode=mode, read_timeout_seconds=60) as client:
+        result = await client.call_tool("search", {"collection": "energy", "query": "wind"})
+    assert not result.is_error and result.structured_content["hits"]
+    assert taken.count(True) == (1 if mode == "legacy" else 0)
