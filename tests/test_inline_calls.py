@@ -101,3 +101,66 @@ async def test_bm25_searches_of_a_small_collection_run_on_the_loop_and_answer_al
     task.cancel()
     assert r.status_code == 200 and ran_in[-1] != loop_thread
     assert ticks >= 3  # the loop ran other work while the slow search ran in a thread
+
+
+def _request(**fields):
+    from groundkit_datasette.retrieval.models import SearchRequest
+
+    return SearchRequest(**{"query": "wind turbines", "mode": "bm25", **fields})
+
+
+class _Col:
+    def __init__(self, embedding=None):
+        self.embedding, self.path, self.identity = embedding, "/x/energy.sqlite3", ("dev", 1)
+
+
+def test_only_a_bounded_bm25_shape_may_run_in_place():
+    """An average says nothing about the next request: a long query, a deep or wide page, a
+    filter, a model or a network mount always goes to a thread, however brief the others were."""
+    from groundkit_datasette.surfaces.inline_calls import MAX_HITS, MAX_QUERY_CHARS, search_key
+
+    col = _Col()
+    assert search_key(col, _request(), True) is not None
+    assert search_key(col, _request(mode=None), True) is not None  # auto is BM25 without vectors
+    refused = [
+        _request(query="w" * (MAX_QUERY_CHARS + 1)), _request(top_k=MAX_HITS + 1), _request(offset=10),
+        _request(source="notes/*"), _request(document_id="d_0123456789abcdef0123"),
+        _request(group_by_document=True), _request(rerank=True), _request(mode="dense"),
+        _request(mode="hybrid"),
+    ]
+    assert [search_key(col, r, True) for r in refused] == [None] * len(refused)
+    assert search_key(col, _request(), False) is None  # source checks on a network mount
+    assert search_key(_Col(embedding=object()), _request(mode=None), True) is None  # auto is hybrid
+
+
+async def test_a_long_query_after_brief_ones_runs_in_a_thread_and_a_new_version_warms_again(tmp_path, monkeypatch):
+    from groundkit_datasette.retrieval import search as search_module
+
+    corpus = write_corpus(tmp_path / "corpus")
+    index = tmp_path / "index"
+    ingest([corpus], collection="energy", index_dir=index, embedder="none")
+    monkeypatch.setattr(inline_calls, "BRIEF_SECONDS", 0.05)  # the wiring under test, not the line
+    ds = Datasette(files=[], metadata={"plugins": {"groundkit": {"index_dir": str(index)}}})
+    ran_in = []
+    real = search_module.search_plain
+
+    def recording(*args, **kwargs):
+        ran_in.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search_module, "search_plain", recording)
+    loop_thread = threading.get_ident()
+
+    async def search(query):
+        r = await ds.client.post("/energy/-/groundkit/search.json", json={"query": query})
+        assert r.status_code == 200
+        return ran_in[-1] == loop_thread
+
+    # The first search learns whether the sources are local; the warm runs follow, in threads.
+    cold = inline_calls.WARM_RUNS + 1
+    assert [await search("turbines") for _ in range(cold + 1)] == [False] * cold + [True]
+    assert await search("turbines " * 10) is False  # past MAX_QUERY_CHARS
+    assert await search("turbines") is True
+    (corpus / "tides.md").write_text("# Tides\n\nLagoons store energy.\n")
+    ingest([corpus], collection="energy", index_dir=index, embedder="none")  # a new version
+    assert [await search("turbines") for _ in range(cold + 1)] == [False] * cold + [True]

@@ -199,6 +199,15 @@ def _citation_cache(collection) -> dict:
     return _kept(collection, "_citation_cache")
 
 
+def sources_checked_locally(collection) -> bool:
+    """Whether a search's source checks stay off the network: no base directory, or one on a
+    local file system the watcher covers (known after the first search; False before)."""
+    if collection.base_dir is None:
+        return True
+    check = collection.__dict__.get("_stale_check")
+    return check is not None and check.base_dir is collection.base_dir and check.local
+
+
 def _source_changed(collection, rows) -> list:
     """For each hit row, whether its file's size or mtime differs from ingest's record: at
     most one ``stat`` per distinct document of the hit list (cost in docs/performance.md)."""

@@ -61,6 +61,12 @@ class StaleCheck:
         self._rows: dict = {}
         self._local = False  # whether the base directory is on a file system inotify covers
 
+    @property
+    def local(self) -> bool:
+        """Whether the base directory is on a file system the watcher covers (not a network
+        mount): its answers are kept, and a stat stays local."""
+        return self._local
+
     def _real_base(self) -> str | None:
         now = time.monotonic()
         if now < self._until:

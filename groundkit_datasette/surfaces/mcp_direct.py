@@ -47,12 +47,17 @@ def _plain_json_post(scope) -> bool:
     sent as exactly ``application/json``; any other case is the SDK's to answer."""
     request = Request(scope)
     content_type = request.headers.get("content-type", "")
-    return content_type.split(";")[0].strip() == "application/json" and check_accept_headers(request)[0]
+    # Both of the SDK's checks: its security middleware's prefix test (no leading space)
+    # and its transport's media type.
+    return (content_type.startswith("application/json") and content_type.split(";")[0].strip() == "application/json"
+            and check_accept_headers(request)[0])
 
 
 def plain_call(message, tool_names) -> tuple[str, dict] | None:
     """``(tool name, arguments)`` of a ``tools/call`` request whose params are only those two."""
     if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return None
+    if not message.keys() <= {"jsonrpc", "id", "method", "params"}:  # the SDK may read it as another kind
         return None
     if type(message.get("id")) not in (int, str):  # the SDK would coerce 1.0 to 1, say
         return None

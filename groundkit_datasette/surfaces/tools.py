@@ -130,11 +130,15 @@ async def _search(ctx, collection, request):
     they are; the HTML page asks for the model (surfaces/serialize.py)."""
     from ..retrieval.search import search_plain
 
+    from ..retrieval.search import sources_checked_locally
+    from .inline_calls import search_key
+
     col = await ctx.collection(collection)
     scoped = ctx.scoped(col)
-    # A BM25 search of a small collection takes less than handing it to a thread (adr/0044).
-    return await ctx.run_brief((col.path, request.mode, request.rerank),
-                               lambda: search_plain(col, request, scoped.access()))
+    run = lambda: search_plain(col, request, scoped.access())  # noqa: E731
+    # A short BM25 search of a small collection takes less than handing it to a thread (adr/0044).
+    key = search_key(col, request, sources_checked_locally(col))
+    return await (ctx.run(run) if key is None else ctx.run_brief(key, run))
 
 
 async def _verify_quote(ctx, collection, request):
