@@ -4,6 +4,8 @@ import asyncio
 import threading
 import time
 
+import pytest
+
 from datasette.app import Datasette
 
 from groundkit_datasette.collection.ingest import ingest
@@ -52,24 +54,33 @@ async def test_an_error_is_raised_where_the_call_ran_and_still_counts_as_a_run()
     assert calls.brief("k")
 
 
-async def test_bm25_searches_of_a_small_collection_run_on_the_loop_and_answer_alike(tmp_path, monkeypatch):
+@pytest.fixture
+def ran_in(monkeypatch):
+    """The thread each search ran in. The line is raised to 50 ms: the wiring is under test,
+    not the line, which this slow machine's searches may cross."""
+    from groundkit_datasette.retrieval import search as search_module
+
+    monkeypatch.setattr(inline_calls, "BRIEF_SECONDS", 0.05)
+    seen = []
+    real = search_module.search_plain
+
+    def recording(*args, **kwargs):
+        seen.append(threading.get_ident())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(search_module, "search_plain", recording)
+    return seen
+
+
+async def test_bm25_searches_of_a_small_collection_run_on_the_loop_and_answer_alike(tmp_path, monkeypatch, ran_in):
     """Through a real Datasette app: the same answers whether a search ran in a thread or on
     the loop, and the loop does not wait on a search that became slow."""
     from groundkit_datasette.retrieval import search as search_module
 
-    # The wiring is under test, not the line: a line this slow machine's searches are under.
-    monkeypatch.setattr(inline_calls, "BRIEF_SECONDS", 0.05)
     corpus = write_corpus(tmp_path / "corpus")
     ingest([corpus], collection="energy", index_dir=tmp_path / "index", embedder="none")
     ds = Datasette(files=[], metadata={"plugins": {"groundkit": {"index_dir": str(tmp_path / "index")}}})
-    ran_in = []
-    real = search_module.search_plain
-
-    def recording(*args, **kwargs):
-        ran_in.append(threading.get_ident())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(search_module, "search_plain", recording)
+    recording = search_module.search_plain
     loop_thread = threading.get_ident()
     bodies = []
     for _ in range(inline_calls.WARM_RUNS + 2):
@@ -133,22 +144,11 @@ def test_only_a_bounded_bm25_shape_may_run_in_place():
     assert search_key(_Col(embedding=object()), _request(mode=None), True) is None  # auto is hybrid
 
 
-async def test_a_long_query_after_brief_ones_runs_in_a_thread_and_a_new_version_warms_again(tmp_path, monkeypatch):
-    from groundkit_datasette.retrieval import search as search_module
-
+async def test_a_long_query_after_brief_ones_runs_in_a_thread_and_a_new_version_warms_again(tmp_path, ran_in):
     corpus = write_corpus(tmp_path / "corpus")
     index = tmp_path / "index"
     ingest([corpus], collection="energy", index_dir=index, embedder="none")
-    monkeypatch.setattr(inline_calls, "BRIEF_SECONDS", 0.05)  # the wiring under test, not the line
     ds = Datasette(files=[], metadata={"plugins": {"groundkit": {"index_dir": str(index)}}})
-    ran_in = []
-    real = search_module.search_plain
-
-    def recording(*args, **kwargs):
-        ran_in.append(threading.get_ident())
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(search_module, "search_plain", recording)
     loop_thread = threading.get_ident()
 
     async def search(query):

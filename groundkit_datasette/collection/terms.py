@@ -150,6 +150,13 @@ class TermTable:
             return has_cjk("\n".join(self.ids))
         return any(has_cjk(term) for (term,) in self.conn.execute("SELECT term FROM bm25_vocab"))
 
+    def _memo(self) -> dict:
+        """The word memo, started over once past its limit."""
+        if len(self._word_ids) > self.WORD_MEMO_LIMIT:
+            self._word_ids.clear()
+            self._cjk_words.clear()
+        return self._word_ids
+
     def _word_id(self, word: str) -> int | tuple[int, ...]:
         if _CJK_CHAR.match(word):
             self._cjk_words.add(word)
@@ -172,10 +179,7 @@ class TermTable:
 
     def encode(self, text: str) -> tuple[int, bytes, bytes]:
         """``(token count, term ids, term frequencies)`` of ``text``, as :func:`tokenize` counts it."""
-        memo = self._word_ids
-        if len(memo) > self.WORD_MEMO_LIMIT:
-            memo.clear()
-            self._cjk_words.clear()
+        memo = self._memo()
         counts: dict[int, int] = {}
         counted = counts.get
         length = 0
@@ -201,10 +205,7 @@ class TermTable:
         """:meth:`encode` of each text, the same values and term ids, for a batch at once:
         words are looked up in one pass over the batch and counted with numpy, instead of a
         Python loop over every chunk's distinct words (a third of a BM25-only ingest)."""
-        memo = self._word_ids
-        if len(memo) > self.WORD_MEMO_LIMIT:
-            memo.clear()
-            self._cjk_words.clear()
+        memo = self._memo()
         # An ASCII text's words are bytes (the memo keys them apart from the str of others).
         per_text = [ascii_words(text) if text.isascii() else words(text.lower()) for text in texts]
         flat = list(chain.from_iterable(per_text))

@@ -204,15 +204,21 @@ def sources_checked_locally(collection) -> bool:
     local file system the watcher covers (known after the first search; False before)."""
     if collection.base_dir is None:
         return True
+    check = _kept_stale_check(collection)
+    return check is not None and check.local
+
+
+def _kept_stale_check(collection) -> StaleCheck | None:
+    """The open collection's source check, if one was made for its current base directory."""
     check = collection.__dict__.get("_stale_check")
-    return check is not None and check.base_dir is collection.base_dir and check.local
+    return check if check is not None and check.base_dir is collection.base_dir else None
 
 
 def _source_changed(collection, rows) -> list:
     """For each hit row, whether its file's size or mtime differs from ingest's record: at
     most one ``stat`` per distinct document of the hit list (cost in docs/performance.md)."""
-    check = collection.__dict__.get("_stale_check")
-    if check is None or check.base_dir is not collection.base_dir:
+    check = _kept_stale_check(collection)
+    if check is None:
         check = collection.__dict__["_stale_check"] = StaleCheck(collection.base_dir)
     return check.changed_rows(rows)
 

@@ -49,7 +49,7 @@ def search_key(collection, request, sources_local: bool):
 
 
 class InlineCalls:
-    """Per kind of call (a collection and a search mode, say): how long its runs take."""
+    """Per kind of call (a :func:`search_key`): how long its runs take."""
 
     def __init__(self):
         self._average: dict[object, tuple[float, int]] = {}

@@ -15,10 +15,8 @@ two answers equal, request by request.
 
 from __future__ import annotations
 
-import json
 import logging
 
-import orjson
 from mcp_types import DEFAULT_NEGOTIATED_VERSION, INTERNAL_ERROR
 from mcp_types import methods as _methods
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
@@ -26,6 +24,8 @@ from mcp.server.streamable_http import check_accept_headers
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
 from pydantic import ValidationError
 from starlette.requests import Request
+
+from . import serialize
 
 log = logging.getLogger("groundkit.mcp")
 
@@ -90,11 +90,7 @@ async def answer(message, tool_names, call, scope, send) -> bool:
     except ValidationError:  # the SDK's words for the same defect; the detail is logged only
         log.exception("MCP tools/call returned an invalid result")
         reply = {"error": {"code": INTERNAL_ERROR, "message": "Handler returned an invalid result"}}
-    envelope = {"jsonrpc": "2.0", "id": message["id"], **reply}
-    try:
-        body = orjson.dumps(envelope)
-    except TypeError:  # a value orjson does not write (an integer past 64 bits)
-        body = json.dumps(envelope, ensure_ascii=False, separators=(",", ":")).encode()
+    body = serialize.dumps({"jsonrpc": "2.0", "id": message["id"], **reply})
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-length", str(len(body)).encode()), *_JSON]})
     await send({"type": "http.response.body", "body": body})

@@ -43,6 +43,15 @@ def body(response) -> bytes:
         return json.dumps(payload(response)).encode()
 
 
+def dumps(value) -> bytes:
+    """Compact UTF-8 JSON of plain values: orjson, or Python's encoder for a value orjson
+    does not write (an integer past 64 bits)."""
+    try:
+        return (_orjson_dumps or _load_orjson())(value)
+    except TypeError:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
 def model(response):
     """The response model (the HTML pages read models)."""
     return response.model() if type(response) is PlainResponse else response
