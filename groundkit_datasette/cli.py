@@ -160,9 +160,13 @@ class _Progress:
               help="Extract, chunk and embed on this Dask scheduler's workers (tcp://HOST:PORT); "
                    "this machine still writes and publishes. Needs groundkit-datasette[cluster] "
                    "(docs/scaling.md).")
+@click.option("--single-process", is_flag=True,
+              help="Extract and chunk every file in this process. By default a BM25-only run "
+                   "of 64 files or more does that in forked processes, one per CPU.")
 @click.pass_context
 def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_option, chunk_size,
-           chunk_overlap, exclude, group_readable, list_all, as_json, watch, debounce, cluster):
+           chunk_overlap, exclude, group_readable, list_all, as_json, watch, debounce, cluster,
+           single_process):
     """Ingest files and directories into a collection (incremental).
 
     Exits 0 when every file was ingested or skipped, 1 when some files failed (the rest are
@@ -197,6 +201,7 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
             progress=None if watch else _Progress(),
             group_readable=group_readable,
             map_stage=stage,
+            fork_map=not single_process,
         )
         if watch:
             _watch(indexer, paths, debounce, as_json)

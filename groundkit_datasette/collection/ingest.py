@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import terms as bm25_index
+from . import forked_map, terms as bm25_index
 from .access_lists import ACLResolver
 from .chunking import chunk_text
 from ..errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
@@ -92,6 +92,8 @@ class IngestReport:
     published: bool = False
     # Chunks whose vector was missing (a lost or incomplete <name>.lance) and was embedded again.
     vectors_restored: int = 0
+    # Where files were extracted and chunked: "local", "forked" (forked_map.py) or "given".
+    map_stage: str = "local"
 
     @property
     def chunks_per_second(self) -> float:
@@ -117,6 +119,7 @@ class IngestReport:
             "generation": self.generation,
             "published": self.published,
             "vectors_restored": self.vectors_restored,
+            "map_stage": self.map_stage,
             "failed_files": [{"source": s, "reason": r} for s, r in self.failed_files],
             "skipped_files": [{"source": s, "reason": r} for s, r in self.skipped_files],
         }
@@ -132,9 +135,14 @@ class _Prepared:
     source: str
     document_id: str
     file_hash: str
-    extracted: object
+    # The documents row's columns that come of extraction: source_class, extractor,
+    # extractor_version, title, content_hash, char_count, line_count, page_count, encoding.
+    # Computed where the text is, so the writer never needs the text itself.
+    document: tuple
     chunks: list
     chunk_ids: list[str]
+    # Per chunk: (page_start, page_end, content_hash).
+    chunk_details: list[tuple]
     is_new: bool
     acl: str | None = None
     # The file's size and mtime when read: a hit whose file differs now says source_changed.
@@ -189,13 +197,18 @@ def prepare_document(job: _Job, chunk_size: int, chunk_overlap: int,
         title=extracted.title if title_header else None,
     )
     document_id = document_id_for(job.source)
+    text, pages = extracted.text, extracted.page_starts
     return _Prepared(
         source=job.source,
         document_id=document_id,
         file_hash=job.file_hash,
-        extracted=extracted,
+        document=(extracted.source_class, extracted.extractor, extracted.extractor_version,
+                  extracted.title, _sha(text), len(text), text.count("\n") + 1,
+                  len(pages) or None, extracted.encoding),
         chunks=chunks,
         chunk_ids=chunk_ids_for(document_id, chunks),
+        chunk_details=[(page_for_offset(pages, ch.start), page_for_offset(pages, max(ch.end - 1, ch.start)),
+                        _sha(ch.text)) for ch in chunks],
         is_new=job.prior is None,
         acl=job.acl,
         size=job.size,
@@ -207,6 +220,26 @@ def local_map(jobs, indexer, vectors):
     """The map stage in this process: each job's document, lazily and in order."""
     for job in jobs:
         yield job, (indexer.prepare(job) if job.work else None)
+
+
+def _read_job(source: str, real, existing: dict, acls, rechunk: bool) -> _Job:
+    """One file read, hashed and compared with the collection's record of it."""
+    try:
+        with open(real, "rb") as f:
+            data = f.read()
+            try:  # the file just read, not whatever the path names by now
+                info = os.fstat(f.fileno())
+                size, mtime_ns = info.st_size, info.st_mtime_ns
+            except OSError:
+                size = mtime_ns = None
+    except OSError as exc:
+        log.warning("cannot read %s: %s", source, exc.strerror)
+        return _Job(source, None, unreadable=True)
+    file_hash = _sha(data)
+    acl = acls.for_document(source, data)
+    prior = existing.get(source)
+    work = not (prior and not rechunk and prior[1] == file_hash)
+    return _Job(source, data if work else None, file_hash, acl, prior, size, mtime_ns, work)
 
 
 def _vectors_for(embedder, pending, ids, texts):
@@ -283,6 +316,16 @@ def _copy_file(src: Path, dst: Path) -> None:
             shutil.copyfileobj(fi, fo, 1 << 20)
 
 
+def _connect_private(work: Path) -> sqlite3.Connection:
+    # The copy is private and discarded on failure: no fsyncs, from the schema's first
+    # statement on (a new file's DDL synced statement by statement took 0.1 s). The journal
+    # stays on disk (written without syncing): one run is one transaction, and an in-memory
+    # journal would hold every page the run changes (a re-chunk changes them all).
+    conn = sqlite3.connect(work)
+    conn.execute("PRAGMA synchronous = OFF")
+    return conn
+
+
 def document_id_for(source: str) -> str:
     return "d_" + _sha(source)[:20]
 
@@ -354,6 +397,7 @@ class Indexer:
         ann_threshold: int | None = None,
         group_readable: bool | None = None,
         map_stage: Callable | None = None,
+        fork_map: bool = True,
         spare_copy: bool = True,
         title_header: bool = True,
     ):
@@ -361,6 +405,8 @@ class Indexer:
         # Turns files to (re)process into documents, in order: here (below), or on a cluster
         # (collection/cluster.py).
         self.map_stage = map_stage or local_map
+        # False keeps a BM25-only run's map stage in this process (forked_map.py).
+        self.fork_map = bool(fork_map)
         self.index_dir = Path(index_dir)
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.embedder_name = embedder
@@ -678,7 +724,7 @@ class Indexer:
         if live.exists():
             if not self._took_spare:
                 _copy_file(live, work)
-            conn = sqlite3.connect(work)
+            conn = _connect_private(work)
             try:
                 check_stamp(conn)
                 add_encoding_column(conn)  # older collections: additive, NULL for their rows
@@ -688,12 +734,8 @@ class Indexer:
                 conn.close()
                 raise
         else:
-            conn = sqlite3.connect(work)
+            conn = _connect_private(work)
             create_schema(conn)
-        # The copy is private and discarded on failure: no fsyncs. The journal stays on disk
-        # (it is written without syncing): one run is one transaction, and an in-memory journal
-        # would hold every page the run changes (a re-chunk changes them all).
-        conn.execute("PRAGMA synchronous = OFF")
         conn.execute("PRAGMA foreign_keys = ON")
         conn.isolation_level = None
         # The term ids of every chunk row the run deletes (by any path: an update, a removed
@@ -856,8 +898,7 @@ class Indexer:
         gone_files = {root.relative_to(base).as_posix() for root in gone if root != base}
         existing = _existing_documents(conn, [s for s, _ in files], prefixes, gone_files)
         self.progress({"event": "start", "total": len(files)})
-        jobs = self._jobs(files, seen, existing, acls, rechunk, generation, report)
-        for job, result in self.map_stage(jobs, self, vectors):
+        for job, result in self._map(files, seen, existing, acls, rechunk, vectors, report):
             if job.unreadable:
                 report.skip(job.source, "unreadable")
                 continue
@@ -923,29 +964,40 @@ class Indexer:
         report.generation = generation if changed else int(manifest.get("generation", "0"))
         return changed, vectors
 
-    def _jobs(self, files, seen, existing, acls, rechunk, generation, report):
+    def _map(self, files, seen, existing, acls, rechunk, vectors, report):
+        """``(job, document or None)`` for each file, in walk order: from the map stage given,
+        or for a BM25-only run of enough files, from a forked child (forked_map.py)."""
+        if not (self.fork_map and self.map_stage is local_map and vectors is None
+                and forked_map.usable(len(files))):
+            report.map_stage = "local" if self.map_stage is local_map else "given"
+            yield from self.map_stage(self._jobs(files, seen, existing, acls, rechunk), self, vectors)
+            return
+        report.map_stage = "forked"
+
+        def work(items):  # in a child
+            out = []
+            for source, real in items:
+                job = _read_job(source, real, existing, acls, rechunk)
+                result = self.prepare(job) if job.work else None
+                job.data = None  # the writer needs what came of the bytes, not the bytes
+                out.append((job, result))
+            return out
+
+        done = 0
+        for out in forked_map.run(files, work, children=forked_map.processes()):
+            for job, result in out:
+                done += 1
+                seen.add(job.source)
+                self.progress({"event": "file", "source": job.source, "done": done, "total": len(files)})
+                yield job, result
+
+    def _jobs(self, files, seen, existing, acls, rechunk):
         """Each file in walk order, read, hashed and compared with the collection: an unchanged
         file is marked before any work is done on it, here or on a cluster."""
         for done, (source, real) in enumerate(files, 1):
             seen.add(source)
             self.progress({"event": "file", "source": source, "done": done, "total": len(files)})
-            try:
-                with open(real, "rb") as f:
-                    data = f.read()
-                    try:  # the file just read, not whatever the path names by now
-                        info = os.fstat(f.fileno())
-                        size, mtime_ns = info.st_size, info.st_mtime_ns
-                    except OSError:
-                        size = mtime_ns = None
-            except OSError as exc:
-                log.warning("cannot read %s: %s", source, exc.strerror)
-                yield _Job(source, None, unreadable=True)
-                continue
-            file_hash = _sha(data)
-            acl = acls.for_document(source, data)
-            prior = existing.get(source)
-            work = not (prior and not rechunk and prior[1] == file_hash)
-            yield _Job(source, data if work else None, file_hash, acl, prior, size, mtime_ns, work)
+            yield _read_job(source, real, existing, acls, rechunk)
 
     def chunker_entry(self) -> str:
         """The manifest's ``chunker``: a different one re-chunks every document on the next run."""
@@ -1065,11 +1117,9 @@ class Indexer:
                    source_size=excluded.source_size, source_mtime_ns=excluded.source_mtime_ns""",
             [
                 (
-                    p.document_id, p.source, p.extracted.source_class, p.extracted.extractor,
-                    p.extracted.extractor_version, p.extracted.title, _sha(p.extracted.text),
-                    p.file_hash, len(p.extracted.text), p.extracted.text.count("\n") + 1,
-                    len(p.extracted.page_starts) or None, len(p.chunks), p.acl, generation, now,
-                    p.extracted.encoding, p.size, p.mtime_ns,
+                    p.document_id, p.source, *p.document[:5], p.file_hash,
+                    *p.document[5:8], len(p.chunks), p.acl, generation, now,
+                    p.document[8], p.size, p.mtime_ns,
                 )
                 for p in batch
             ],
@@ -1078,13 +1128,10 @@ class Indexer:
         rows = []
         next_id = self._next_row_id
         for p in batch:
-            pages = p.extracted.page_starts
-            for ch, cid in zip(p.chunks, p.chunk_ids):
+            for ch, cid, (page_start, page_end, content_hash) in zip(p.chunks, p.chunk_ids, p.chunk_details):
                 rows.append((
                     next_id, cid, p.document_id, ch.index, ch.start, ch.end, ch.line_start,
-                    ch.line_end, page_for_offset(pages, ch.start),
-                    page_for_offset(pages, max(ch.end - 1, ch.start)), ch.heading, ch.text,
-                    _sha(ch.text),
+                    ch.line_end, page_start, page_end, ch.heading, ch.text, content_hash,
                 ))
                 next_id += 1
         conn.executemany(

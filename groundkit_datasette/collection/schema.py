@@ -124,7 +124,7 @@ INTERNAL_TABLES = ("bm25_chunk_terms", "bm25_vocab", "bm25_postings", "groundkit
 
 
 def create_schema(conn: sqlite3.Connection) -> None:
-    conn.executescript(DDL + FTS_INSERT_TRIGGER + CJK_DDL)
+    conn.executescript("BEGIN;" + DDL + FTS_INSERT_TRIGGER + CJK_DDL + "COMMIT;")  # one transaction
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
