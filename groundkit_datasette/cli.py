@@ -162,7 +162,8 @@ class _Progress:
                    "(docs/scaling.md).")
 @click.option("--single-process", is_flag=True,
               help="Extract and chunk every file in this process. By default a BM25-only run "
-                   "of 64 files or more does that in forked processes, one per CPU.")
+                   "of 64 files or more does that in forked processes (one per CPU but one, "
+                   "which writes).")
 @click.pass_context
 def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_option, chunk_size,
            chunk_overlap, exclude, group_readable, list_all, as_json, watch, debounce, cluster,

@@ -1,8 +1,8 @@
 """Ingest's map stage in forked child processes (adr/0046-forked-map-stage.md).
 
-Reading, extracting and chunking files is most of a BM25-only run (HTML parsing alone is
-four fifths of one over Debian's documentation), and the writer waits for none of it: on the
-other cores it overlaps with writing the files before. Each child inherits the run's state
+Reading, extracting and chunking files is about half of a BM25-only run (most of one over
+Debian's HTML documentation), and the writer needs none of it done in its own process: on
+another core it overlaps with writing the files before. Each child inherits the run's state
 by ``fork`` and never touches the collection (it has no use for the SQLite connection it
 inherits). Batches are dealt to the children in turn and taken back in the same turn, so the
 writer sees them in walk order; each child's pipe bounds how far it runs ahead. Only a process
@@ -33,6 +33,7 @@ PIPE_BYTES = 1 << 20
 # Native libraries whose thread pools do not prepare for a fork (OpenBLAS, numpy's, does:
 # it stops its threads around one). A process that has loaded one keeps the map stage local.
 UNPREPARED = ("lancedb", "onnxruntime", "torch")
+_MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
 class MapStageError(RuntimeError):
@@ -184,8 +185,6 @@ def _close_inherited(keep: int) -> None:
     os.closerange(3, keep)
     os.closerange(keep + 1, _MAX_FD)
 
-
-_MAX_FD = os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536
 
 
 def _receive(reader) -> bytes:

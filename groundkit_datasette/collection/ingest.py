@@ -23,7 +23,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, NamedTuple
 
 from . import forked_map, terms as bm25_index
 from .access_lists import ACLResolver
@@ -130,15 +130,26 @@ class IngestReport:
         return self.added + self.updated
 
 
+class _DocumentColumns(NamedTuple):
+    """The documents row's columns that come of extraction."""
+    source_class: str
+    extractor: str
+    extractor_version: str
+    title: str | None
+    content_hash: str
+    char_count: int
+    line_count: int
+    page_count: int | None
+    encoding: str | None
+
+
 @dataclass
 class _Prepared:
     source: str
     document_id: str
     file_hash: str
-    # The documents row's columns that come of extraction: source_class, extractor,
-    # extractor_version, title, content_hash, char_count, line_count, page_count, encoding.
     # Computed where the text is, so the writer never needs the text itself.
-    document: tuple
+    document: "_DocumentColumns"
     chunks: list
     chunk_ids: list[str]
     # Per chunk: (page_start, page_end, content_hash).
@@ -202,9 +213,10 @@ def prepare_document(job: _Job, chunk_size: int, chunk_overlap: int,
         source=job.source,
         document_id=document_id,
         file_hash=job.file_hash,
-        document=(extracted.source_class, extracted.extractor, extracted.extractor_version,
-                  extracted.title, _sha(text), len(text), text.count("\n") + 1,
-                  len(pages) or None, extracted.encoding),
+        document=_DocumentColumns(
+            extracted.source_class, extracted.extractor, extracted.extractor_version,
+            extracted.title, _sha(text), len(text), text.count("\n") + 1, len(pages) or None,
+            extracted.encoding),
         chunks=chunks,
         chunk_ids=chunk_ids_for(document_id, chunks),
         chunk_details=[(page_for_offset(pages, ch.start), page_for_offset(pages, max(ch.end - 1, ch.start)),
@@ -966,7 +978,7 @@ class Indexer:
 
     def _map(self, files, seen, existing, acls, rechunk, vectors, report):
         """``(job, document or None)`` for each file, in walk order: from the map stage given,
-        or for a BM25-only run of enough files, from a forked child (forked_map.py)."""
+        or for a BM25-only run of enough files, from forked children (forked_map.py)."""
         if not (self.fork_map and self.map_stage is local_map and vectors is None
                 and forked_map.usable(len(files))):
             report.map_stage = "local" if self.map_stage is local_map else "given"
@@ -1117,11 +1129,12 @@ class Indexer:
                    source_size=excluded.source_size, source_mtime_ns=excluded.source_mtime_ns""",
             [
                 (
-                    p.document_id, p.source, *p.document[:5], p.file_hash,
-                    *p.document[5:8], len(p.chunks), p.acl, generation, now,
-                    p.document[8], p.size, p.mtime_ns,
+                    p.document_id, p.source, d.source_class, d.extractor, d.extractor_version,
+                    d.title, d.content_hash, p.file_hash, d.char_count, d.line_count,
+                    d.page_count, len(p.chunks), p.acl, generation, now, d.encoding, p.size,
+                    p.mtime_ns,
                 )
-                for p in batch
+                for p in batch for d in (p.document,)
             ],
         )
         # Row ids are assigned here (not by SQLite), so the term rows can name them.
