@@ -40,7 +40,7 @@ def main(argv=None):
     if args.corpus:
         from groundkit_datasette.retrieval.evaluate import load_dataset
 
-        queries = list(load_dataset(c.IRDATA / args.corpus).queries.values())
+        queries = list(load_dataset(c.irdata(args.corpus)).queries.values())
     else:
         queries = [t for _, t in synthetic_queries(path, 200)]
     col = Collection.from_path(path)

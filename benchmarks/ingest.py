@@ -11,7 +11,9 @@
 3. With --debian (issue 14): the Debian documentation corpus (benchmarks/debian_corpus.py,
    ~268k chunks), each figure against the code before issue 14 (commit BASELINE_COMMIT,
    extracted with git archive) in the same run, every side in a fresh process:
-   a. peak RSS of a fresh BM25-only ingest (target <= 400 MB);
+   a. peak memory of a fresh BM25-only ingest (target <= 400 MB): the process tree's PSS,
+      sampled from outside (a forked map stage shares pages with the writer), or the
+      writer's own peak RSS, the larger;
    b. the postings rebuild alone on copies of one collection (peak RSS, seconds, and
       whether the two store identical bm25_postings rows);
    c. with --incremental-from DIR (a copy of a vector collection such as
@@ -50,6 +52,7 @@ import importlib.util
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -186,16 +189,71 @@ def _baseline_code(work: Path, commit: str = BASELINE_COMMIT) -> Path:
     return target
 
 
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (Linux's /proc)."""
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return pids
+
+
+def _rollup_kb(pid: int) -> tuple[int, int]:
+    """(RSS, PSS) of one process, in kB; (0, 0) once it has gone."""
+    rss = pss = 0
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Rss:"):
+                    rss = int(line.split()[1])
+                elif line.startswith("Pss:"):
+                    pss = int(line.split()[1])
+    except OSError:
+        pass
+    return rss, pss
+
+
+def _sample_memory(proc, peaks: dict, every: float = 0.1) -> None:
+    """Peak memory of ``proc``'s process tree while it runs. PSS divides each page among the
+    processes sharing it, so its sum is what the tree holds; the RSS sum counts a page a
+    forked child still shares with its parent once per process."""
+    while proc.poll() is None:
+        rss = pss = 0
+        for pid in _tree(proc.pid):
+            r, p = _rollup_kb(pid)
+            rss, pss = rss + r, pss + p
+        peaks["tree_pss_mb"] = max(peaks.get("tree_pss_mb", 0), pss / 1024)
+        peaks["tree_rss_sum_mb"] = max(peaks.get("tree_rss_sum_mb", 0), rss / 1024)
+        time.sleep(every)
+
+
 def _run(side: str, work: Path, args: list[str], commit: str = BASELINE_COMMIT) -> dict:
     env = dict(os.environ)
     env.pop("GK_BENCH_CODE", None)
     if side == "baseline":
         env["GK_BENCH_CODE"] = str(_baseline_code(work, commit))
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", *args],
-                          capture_output=True, text=True, env=env, timeout=7200)
+    proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    peaks: dict = {}
+    sampler = threading.Thread(target=_sample_memory, args=(proc, peaks), daemon=True)
+    if os.path.exists(f"/proc/{proc.pid}/smaps_rollup"):
+        sampler.start()
+    try:
+        stdout, stderr = proc.communicate(timeout=7200)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    if sampler.is_alive():
+        sampler.join()
     if proc.returncode != 0:
-        raise RuntimeError(f"worker {args} ({side}) failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"worker {args} ({side}) failed:\n{stderr[-3000:]}")
+    return {**json.loads(stdout.strip().splitlines()[-1]), **peaks}
 
 
 def _postings_digest(path: Path) -> str:
@@ -249,8 +307,18 @@ def debian(args, work: Path) -> None:
             fresh[side] = _run(side, work, ["ingest-debian", str(index)])
             print(f"  fresh ingest ({side}): {fresh[side]}", flush=True)
         o, b = fresh["ours"], fresh["baseline"]
-        rows.append(["fresh ingest, peak RSS (MB; writer + map children, a bound)", o["peak_rss_mb"], b["peak_rss_mb"],
-                     c.ratio(o["peak_rss_mb"], b["peak_rss_mb"]), "met" if o["peak_rss_mb"] <= 400 else "MISSED"])
+        # Judged on the process tree's peak PSS: with a forked map stage (adr/0046) the writer and
+        # its child share their inherited pages, which an RSS sum counts twice.
+        # A brief peak between samples is still caught in the writer's own exact peak RSS.
+        def held(r):
+            return max(r.get("tree_pss_mb", 0), r.get("writer_rss_mb", r["peak_rss_mb"]))
+
+        rows.append(["fresh ingest, peak memory (MB; the tree's sampled PSS or the writer's peak RSS, the larger)",
+                     held(o), held(b), c.ratio(held(o), held(b)), "met" if held(o) <= 400 else "MISSED"])
+        rows.append(["  RSS summed over the tree, sampled (shared pages counted per process)",
+                     o.get("tree_rss_sum_mb"), b.get("tree_rss_sum_mb"), "", ""])
+        rows.append(["  writer's peak RSS + children x the largest child's (a bound)", o["peak_rss_mb"],
+                     b["peak_rss_mb"], c.ratio(o["peak_rss_mb"], b["peak_rss_mb"]), ""])
         rows.append(["fresh ingest, seconds", o["seconds"], b["seconds"], c.ratio(o["seconds"], b["seconds"]), ""])
         rows.append(["  CPU seconds (user + system)", o["cpu_seconds"], b["cpu_seconds"],
                      c.ratio(o["cpu_seconds"], b["cpu_seconds"]), ""])
