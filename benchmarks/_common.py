@@ -100,6 +100,20 @@ def machine() -> str:
     return f"{platform.python_implementation()} {platform.python_version()}, {cpus} CPUs, load {load:.1f}"
 
 
+def versions(*dists: str) -> str:
+    """Installed versions of the baselines' distributions, for a run's header: `make bench`
+    installs their newest releases, so two runs may compare against different code."""
+    from importlib import metadata
+
+    out = []
+    for name in dists:
+        try:
+            out.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            out.append(f"{name} not installed")
+    return ", ".join(out)
+
+
 def run_worker(script: Path, args: list[str], timeout: float = 3600) -> dict:
     """Run ``script --worker ...`` in a fresh interpreter (clean memory figures); its last stdout line is JSON."""
     proc = subprocess.run(

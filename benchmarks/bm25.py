@@ -557,7 +557,8 @@ def main(argv=None):
     engines = [e for e in args.engines.split(",") if e]
     work = Path(args.work or tempfile.mkdtemp(prefix="gk-bench-bm25-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"# BM25 benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')})")
+    print(f"# BM25 benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')}; "
+          f"{c.versions('bm25s', 'numba', 'PyStemmer', 'rank_bm25')})")
     targets = []
     for name in [n for n in args.corpora.split(",") if n]:
         ds, id_of_source, path, build_s, chunks = build_ours(c.irdata(name), work, args.build_repeats)

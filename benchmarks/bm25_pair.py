@@ -90,6 +90,7 @@ def main(argv=None):
     label = "bm25s-numba retrieve (tokenizes every query)"
     base, base_p50 = med[label], mid[label]
     print(f"# {path.name}: {col.chunk_total():,} chunks, {len(queries)} queries; {c.machine()}; "
+          f"{c.versions('bm25s', 'numba', 'PyStemmer')}; "
           f"CPU ms per query, median of {args.passes} passes: the mean query of a pass, and its "
           "median query (p50, what issue 14's target names; the two engines' spreads differ)")
     rows = [[k, v, base, v / base, mid[k], base_p50, mid[k] / base_p50,

@@ -488,7 +488,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     work = Path(args.work or tempfile.mkdtemp(prefix="gk-bench-ingest-"))
     work.mkdir(parents=True, exist_ok=True)
-    print(f"# Ingest benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')})")
+    print(f"# Ingest benchmark ({c.machine()}, {time.strftime('%Y-%m-%d')}; "
+          f"{c.versions('bm25s', 'PyStemmer', 'sentence-transformers', 'torch')})")
     if args.debian:
         debian(args, work)
         return

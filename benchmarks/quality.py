@@ -162,7 +162,8 @@ def main(argv=None):
 
     names = [n for n in args.corpora.split(",") if n]
     dirs = [c.irdata(n) for n in names]
-    print(f"# quality: {c.machine()}; ours: bm25 {json.dumps(bm25.settings())}; index dir {args.index_dir}")
+    print(f"# quality: {c.machine()}; {c.versions('bm25s', 'PyStemmer')}; ours: bm25 "
+          f"{json.dumps(bm25.settings())}; index dir {args.index_dir}")
     reports, errors = evaluate_many(dirs, index_dir=args.index_dir, modes=["bm25"], embedder="none",
                                     log=lambda m: print(f"  {m}", file=sys.stderr))
     if errors:
