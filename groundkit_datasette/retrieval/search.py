@@ -15,7 +15,7 @@ from .models import (
     CITATION_FIELDS, MAX_OFFSET, MAX_TOP_K, ComponentScore, DocumentGroup, Hit, SearchRequest,
     PlainResponse, SearchResponse, built, whole_builder,
 )
-from . import bm25
+from . import bm25, rankers
 from .stale import StaleCheck
 from .modes import BUILTIN_MODES, HYBRID_DEPTH, RRF_K, RankContext, registered_modes
 from .modes import fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
@@ -23,6 +23,7 @@ from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (pa
 
 _GLOB_CHARS = set("*?[")
 _BUILTIN_BY_NAME = {m.name: m for m in BUILTIN_MODES}
+_BM25 = _BUILTIN_BY_NAME["bm25"]
 
 
 def _filter_sql(request: SearchRequest):
@@ -169,10 +170,17 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
             raise IndexInconsistent(
                 "the collection's vectors and chunks disagree; re-run groundkit ingest"
             )
+    return _hit_dicts(collection, ranked, found, components, first_rank), [r[14] for r in found]
+
+
+def _hit_dicts(collection, ranked, found, components, first_rank: int) -> list[dict]:
+    """The hits of ``ranked`` (``[(chunk id, score)]``) from their rows ``found``, in order.
+    ``components``: each chunk's component entries, or None for a BM25 ranking alone (each
+    hit's one component is then its own rank and score, as RankContext.record makes it)."""
     changed = _source_changed(collection, found)
     citations = _citation_cache(collection)
     cited = citations.get
-    parts = components.get
+    parts = components.get if components is not None else None
     hits = []
     append = hits.append
     rank = first_rank
@@ -185,10 +193,12 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
             citations[cid] = citation
         # The citation's copy, then the rest of Hit's fields in order (one call: a third
         # cheaper than a copy and five stores). matched_terms is set by _add_matches.
-        append(dict(citation, rank=rank, score=score, components=parts(cid) or {},
+        append(dict(citation, rank=rank, score=score,
+                    components=(parts(cid) or {}) if parts is not None
+                    else {"bm25": {"rank": rank, "score": score}},
                     source_changed=stale, matched_terms=[]))
         rank += 1
-    return hits, [r[14] for r in found]
+    return hits
 
 
 def _citation_cache(collection) -> dict:
@@ -263,7 +273,12 @@ def _search(collection, request: SearchRequest, access):
     if request.rerank and collection.reranker is None:
         raise RerankNotConfigured("reranking was requested but no reranker is configured")
     depth = _ranking_depth(request, name)
-    ctx = RankContext(collection, request, depth, _allowed(collection, request, access))
+    allowed = _allowed(collection, request, access)
+    if mode is _BM25 and allowed is None and request.min_score is None and not request.rerank:
+        fields = _bm25_page(collection, request, depth, started)
+        if fields is not None:
+            return fields, True
+    ctx = RankContext(collection, request, depth, allowed)
     if mode.needs_vectors and request.vector is None:
         collection.prefetch()  # a fresh process loads the query model while BM25 ranks
     ranked = mode.rank(ctx)
@@ -287,28 +302,65 @@ def _search(collection, request: SearchRequest, access):
     ranked = ranked[request.offset : window]
     hits, row_ids = _hits(collection, ranked, ctx.components, request.offset + 1, prefetched)
     lexical = _add_matches(collection, request.query, hits, row_ids, ctx.allowed)
-    groups = _groups(hits) if request.group_by_document else None
     timings = ctx.timings
+    return _fields(collection, name, request, window if more else None, top_score, hits,
+                   rerank_model, rerank_depth, ctx.complete, lexical, timings, started), builtin
+
+
+def _fields(collection, name, request, next_offset, top_score, hits, rerank_model, rerank_depth,
+            complete, lexical, timings, started) -> dict:
+    """Every field of SearchResponse, in its order (the payload is these values as they are)."""
+    groups = _groups(hits) if request.group_by_document else None
     timings["total_ms"] = round((time.perf_counter() - started) * 1000, 3)
-    # Every field of SearchResponse, in its order (the payload is these values as they are).
     return {
         "collection": collection.name,
         "mode": name,
         "generation": collection.generation,
         "top_k": request.top_k,
         "offset": request.offset,
-        "next_offset": window if more else None,
+        "next_offset": next_offset,
         "top_score": top_score,
         "groups": groups,
         "reranked": request.rerank,
         "rerank_model": rerank_model,
         "rerank_depth": rerank_depth,
-        "complete": ctx.complete,
+        "complete": complete,
         "lexical_match": lexical,
         "note": None if lexical else NO_LEXICAL_MATCH,
         "timings_ms": timings,
         "hits": hits,
-    }, builtin
+    }
+
+
+def _bm25_page(collection, request, depth, started):
+    """A page of the built-in BM25 mode with nothing filtered, hidden, reranked or floored:
+    the fields the general path returns (tests/test_bm25_page.py holds them equal), without
+    its ranking context, its ranked pairs and their copies (a sixth of a short search). None
+    where the general path must answer: a collection without a stored tie order, a page
+    deeper than the ranker reads rows for, a row missing."""
+    if depth > rankers.PREFETCH_DEPTH:
+        return None
+    ranking = time.perf_counter()
+    with collection._lock:
+        ranks = collection.tie_ranks()
+        if ranks is None:
+            return None
+        ids, scores = bm25.top_rows(collection._conn, request.query, depth,
+                                    collection.postings_cache, ranks)
+    rows = hit_rows(collection, "id", ids) if ids else []
+    if len(rows) != len(ids):
+        return None  # the general path reports it
+    timings = {"bm25_ms": round((time.perf_counter() - ranking) * 1000, 3)}
+    offset = request.offset
+    window = offset + request.top_k
+    page = rows[offset:window]
+    hits = _hit_dicts(collection, zip([r[0] for r in page], scores[offset:window]), page, None,
+                      offset + 1)
+    lexical = _add_matches(collection, request.query, hits, [r[14] for r in page], None)
+    more = len(rows) > window and window <= MAX_OFFSET
+    return _fields(collection, "bm25", request, window if more else None,
+                   scores[0] if scores else None, hits, None, None, True, lexical, timings,
+                   started)
 
 
 def build_response(fields: dict, *, trusted: bool) -> SearchResponse:
