@@ -152,13 +152,11 @@ def worker(engine: str, spec_file: str) -> dict:
                 return fn(q)
             return run
 
-        def fields(q):  # ranked row ids to the response's fields, as run_search builds them
-            ids, scores = ranked_ids[q]
+        def fields(q):  # ranked row ids to the response's fields, as a plain BM25 page builds
+            ids, scores = ranked_ids[q]  # them (search._bm25_page, adr/0047)
             rows = _search.hit_rows(col, "id", ids)  # in the order of ids
-            ranked_list = [(r[0], s) for r, s in zip(rows, scores)]
-            # RankContext.record's components (every ComponentScore field)
-            comps = {cid: {"bm25": {"rank": n, "score": s}} for n, (cid, s) in enumerate(ranked_list, 1)}
-            hits, _rows = _search._hits(col, ranked_list[:TOP_K], comps, 1, {r[0]: r for r in rows})
+            page = rows[:TOP_K]
+            hits = _search._hit_dicts(col, zip([r[0] for r in page], scores[:TOP_K]), page, None, 1)
             return dict(
                 collection=col.name, mode="bm25", generation=col.generation, top_k=TOP_K, offset=0,
                 next_offset=TOP_K if len(ids) > TOP_K else None,

@@ -93,3 +93,50 @@ def test_each_surface_answers_the_same_through_the_page(collection, monkeypatch)
     dumped, general_dumped = model.model_dump(mode="json"), general_model.model_dump(mode="json")
     assert _without_timings(dumped) == _without_timings(general_dumped)
     assert _without_timings(dumped) == _without_timings(serialize.payload(fast))
+
+
+def _copy(corpus, tmp_path):  # noqa: F811
+    import shutil
+
+    for f in (corpus).iterdir():
+        if f.name.startswith("paths.sqlite3"):
+            shutil.copy(f, tmp_path / f.name)
+    return tmp_path / "paths.sqlite3"
+
+
+def test_a_collection_without_a_stored_tie_order_is_answered_by_the_general_path(
+        corpus, tmp_path, monkeypatch):  # noqa: F811
+    import sqlite3
+
+    from groundkit_datasette.retrieval import bm25
+
+    path = _copy(corpus, tmp_path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("DELETE FROM bm25_postings WHERE term_id = ?", (bm25.TIE_ORDER_ID,))
+    col = Collection.from_path(path)
+    taken = []
+    real = S._bm25_page
+    monkeypatch.setattr(S, "_bm25_page", lambda *a: taken.append(real(*a)) or taken[-1])
+    fields, _ = S._search(col, SearchRequest(query="ferry", mode="bm25", top_k=10), None)
+    assert taken == [None]
+    assert len(fields["hits"]) == 10
+
+
+@pytest.mark.parametrize("page", [True, False])
+def test_a_missing_chunk_row_is_reported_as_an_inconsistent_index(corpus, tmp_path, monkeypatch,
+                                                                   page):  # noqa: F811
+    import sqlite3
+
+    from groundkit_datasette.errors import IndexInconsistent
+
+    path = _copy(corpus, tmp_path)
+    first = S._search(Collection.from_path(path), SearchRequest(query="ferry", mode="bm25",
+                                                                top_k=3), None)[0]
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA foreign_keys = OFF")
+        conn.execute("DELETE FROM chunks WHERE chunk_id = ?", (first["hits"][1]["chunk_id"],))
+    if not page:
+        _general(monkeypatch)
+    with pytest.raises(IndexInconsistent):
+        S._search(Collection.from_path(path), SearchRequest(query="ferry", mode="bm25", top_k=3),
+                  None)

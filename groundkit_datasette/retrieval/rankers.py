@@ -116,9 +116,11 @@ def bm25_ranked(collection, query, depth, allowed):
         chunk_ids = [r[0] for r in rows]
         if len(rows) == len(rows_ids):
             out = RankedHits(zip(chunk_ids, score_list))
-        else:  # a row missing: fails below, as before, rather than shifting the ranking
-            by_id = {r[14]: r for r in rows}
-            out = RankedHits((by_id[i][0], s) for i, s in zip(rows_ids, score_list))
+        else:  # a row missing: never shift the ranking or serve a half-consistent hit
+            from ..errors import IndexInconsistent
+
+            raise IndexInconsistent(
+                "the collection's postings and chunks disagree; re-run groundkit ingest")
         out.rows = dict(zip(chunk_ids, rows))
         return out
     marks = ",".join("?" * len(rows_ids))
