@@ -244,7 +244,8 @@ def _run(side: str, work: Path, args: list[str], commit: str = BASELINE_COMMIT) 
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peaks: dict = {}
     sampler = threading.Thread(target=_sample_memory, args=(proc, peaks), daemon=True)
-    if os.path.exists(f"/proc/{proc.pid}/smaps_rollup"):
+    # Only the fresh ingest is judged on the tree's memory; the timed edits run unsampled.
+    if args[0] == "ingest-debian" and os.path.exists(f"/proc/{proc.pid}/smaps_rollup"):
         sampler.start()
     try:
         stdout, stderr = proc.communicate(timeout=7200)
@@ -309,11 +310,10 @@ def debian(args, work: Path) -> None:
             fresh[side] = _run(side, work, ["ingest-debian", str(index)])
             print(f"  fresh ingest ({side}): {fresh[side]}", flush=True)
         o, b = fresh["ours"], fresh["baseline"]
-        # Judged on the process tree's peak PSS: with a forked map stage (adr/0046) the writer and
-        # its child share their inherited pages, which an RSS sum counts twice.
-        # A brief peak between samples is still caught in the writer's own exact peak RSS. A
-        # forked run whose children the sampler never saw (no /proc/PID/task/*/children here)
-        # is judged on the bound instead.
+        # Judged on the process tree's peak PSS: a forked map stage's child (adr/0046) shares
+        # pages with the writer, which an RSS sum counts twice. The writer's exact peak RSS
+        # catches a brief peak between samples; a forked run whose children the sampler never
+        # saw (no /proc/PID/task/*/children) is judged on the bound.
         def held(r):
             if r.get("map_children") and r.get("tree_processes", 0) < 2:
                 return r["peak_rss_mb"]

@@ -341,12 +341,10 @@ def _bm25_page(collection, request, depth, started):
     if depth > rankers.PREFETCH_DEPTH:
         return None
     ranking = time.perf_counter()
-    with collection._lock:
-        ranks = collection.tie_ranks()
-        if ranks is None:
-            return None
-        ids, scores = bm25.top_rows(collection._conn, request.query, depth,
-                                    collection.postings_cache, ranks)
+    found = rankers.bm25_top_rows(collection, request.query, depth, None)
+    if found is None:
+        return None
+    ids, scores = found
     rows = hit_rows(collection, "id", ids) if ids else []
     if len(rows) != len(ids):
         return None  # the general path reports it
