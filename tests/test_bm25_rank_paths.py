@@ -35,6 +35,7 @@ QUERIES = [
     "東京 harbour ferry tide",
     "tide gull ferry harbour uniq3 uniq250",
     "Harbour FERRY",                # case
+    "ferries harbour ferry",        # two words, one stem: both reported
 ]
 
 
@@ -96,6 +97,10 @@ def test_matched_terms_equals_membership_in_the_postings(corpus):
             assert bm25.matched_terms(col._conn, query, np.array(rows[::-1]),
                                       col.postings_cache) == want[::-1], query
             assert bm25.matched_terms(col._conn, query, rows) == want  # no cache
+            twice = rows[:40] + rows[:40]  # a row given twice: equal, separate lists
+            got = bm25.matched_terms(col._conn, query, twice, col.postings_cache)
+            assert got == want[:40] * 2, query
+            assert all(a is not b for a, b in zip(got[:40], got[40:]))
         hits = col.search(query="the harbour harbour ferry 東京", mode="bm25", top_k=10).hits
         assert {tuple(h.matched_terms) for h in hits} <= {
             ("harbour", "ferry", "東京"), ("harbour", "ferry"), ("harbour", "東京"), ("harbour",)}
