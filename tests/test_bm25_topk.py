@@ -73,17 +73,20 @@ def _queries(seed: int, n: int):
     return out + ["the and", "zzunknown", VOCAB[0], VOCAB[-1]]
 
 
+@pytest.mark.parametrize("add_once", [False, True], ids=["add-per-term", "add-once"])
 @pytest.mark.parametrize("sparse, essential", [(0.0, 0.0), (10.0, 0.0), (0.0, 10.0)],
                          ids=["dense-scan", "touched-slots", "essential-terms"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_top_k_path_ranks_exactly_as_the_reference_scorer(tmp_path, monkeypatch, seed,
-                                                             sparse, essential):
+                                                             sparse, essential, add_once):
     """Same chunks, same float32 scores, same tie order, at every depth and on each of the
     accumulator's paths: the scan of every slot, the touched slots, the postings of the
-    essential terms only (the same open collection answers every query, so a buffer left
-    dirty by one query would show in the next)."""
+    essential terms only, each with the weights added per term or in one call over them all
+    (the same open collection answers every query, so a buffer left dirty by one query would
+    show in the next)."""
     monkeypatch.setattr(bm25, "SPARSE_FRACTION", sparse)
     monkeypatch.setattr(bm25, "ESSENTIAL_FRACTION", essential)
+    monkeypatch.setattr(bm25, "ADD_ONCE_MIN_TERMS", 2 if add_once else 10**9)
     monkeypatch.setattr(bm25, "SPARSE_MIN_SLOTS", 0)  # these collections are small
     with _corpus(tmp_path, seed) as col:
         assert col.tie_ranks() is not None
@@ -93,6 +96,19 @@ def test_the_top_k_path_ranks_exactly_as_the_reference_scorer(tmp_path, monkeypa
                     (query, depth)
             hits = col.search(query=query, mode="bm25", top_k=10).hits
             assert [(h.chunk_id, h.score) for h in hits] == _reference(col, query, 10)
+
+
+def test_a_repeated_terms_bound_rounds_as_the_float32_product():
+    """The cut bound of a repeated term is computed as a float64 product rounded once to
+    float32 (bm25._candidates): the same value as the float32 product, for every weight a
+    term can have and the counts a query can repeat it."""
+    rng = np.random.default_rng(7)
+    weights = np.concatenate([rng.random(20_000, dtype=np.float32) * np.float32(12),
+                              np.float32([1e-7, 0.1, 1 / 3, 2.5, 7.999999, 16777215])])
+    for n in (2, 3, 5, 7, 11, 50, 255):
+        want = weights * np.float32(n)
+        got = np.array([np.float32(float(w) * n) for w in weights.tolist()], dtype=np.float32)
+        assert np.array_equal(got, want), n
 
 
 def test_a_filtered_search_keeps_the_reference_order_among_allowed_chunks(tmp_path):
