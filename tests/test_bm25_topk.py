@@ -98,17 +98,22 @@ def test_the_top_k_path_ranks_exactly_as_the_reference_scorer(tmp_path, monkeypa
             assert [(h.chunk_id, h.score) for h in hits] == _reference(col, query, 10)
 
 
-def test_a_repeated_terms_bound_rounds_as_the_float32_product():
-    """The cut bound of a repeated term is computed as a float64 product rounded once to
-    float32 (bm25._candidates): the same value as the float32 product, for every weight a
-    term can have and the counts a query can repeat it."""
+def test_the_cut_bound_is_the_float32_product_of_a_repeated_terms_weight():
+    """bm25._cut_bound computes a repeated term's bound from Python floats (a float64
+    product rounded once): the same value as numpy's float32 product, for weights across
+    the range a term has and the counts a query repeats it."""
     rng = np.random.default_rng(7)
-    weights = np.concatenate([rng.random(20_000, dtype=np.float32) * np.float32(12),
+    weights = np.concatenate([rng.random(4_000, dtype=np.float32) * np.float32(12),
                               np.float32([1e-7, 0.1, 1 / 3, 2.5, 7.999999, 16777215])])
-    for n in (2, 3, 5, 7, 11, 50, 255):
-        want = weights * np.float32(n)
-        got = np.array([np.float32(float(w) * n) for w in weights.tolist()], dtype=np.float32)
-        assert np.array_equal(got, want), n
+    other = bm25.Postings(np.array([0], np.int32), np.float32([1e-9]))  # never the largest
+    for w in weights.tolist():
+        term = bm25.Postings(np.array([3], np.int32), np.float32([w]))
+        for n in (2, 3, 7, 50, 255):
+            got = bm25._cut_bound([other, term], [1, n], 1)
+            assert type(got) is np.float32
+            assert got == np.float32(w) * np.float32(n), (w, n)
+    assert bm25._cut_bound([other, term], None, 1) == np.float32(w)
+    assert bm25._cut_bound([other, term], None, 2) == np.float32(0)  # fewer postings than k
 
 
 def test_a_filtered_search_keeps_the_reference_order_among_allowed_chunks(tmp_path):

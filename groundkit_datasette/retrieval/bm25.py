@@ -317,14 +317,24 @@ def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict
     return _candidates(postings, repeats, depth, cache)
 
 
-def _candidates(postings, repeats, depth, cache):
+def _cut_bound(postings, repeats, depth) -> np.float32:
+    """The largest of the terms' ``depth``-th weights, each times its repeats in the query
+    (:func:`top_candidates`' cut), as float32."""
     if repeats is None:
-        floor = np.float32(max([p.bound(depth) for p in postings]))
-    else:
-        # A repeated term's bound times its count, rounded once to float32: the float64
-        # product of a float32 and a small count is exact, so this is the float32 product.
-        floor = np.float32(max([p.bound(depth) if n == 1 else float(np.float32(p.bound(depth) * n))
-                                for p, n in zip(postings, repeats)]))
+        return np.float32(max([p.bound(depth) for p in postings]))
+    # The float64 product of a float32 and a small count is exact, and rounding is
+    # monotonic: the largest product rounded once is the largest float32 product.
+    return np.float32(max([p.bound(depth) * n for p, n in zip(postings, repeats)]))
+
+
+def _scaled(postings, repeats, j):
+    """Term ``j``'s weights times its repeats in the query (float32, as score() adds them)."""
+    n = repeats[j] if repeats is not None else 1
+    return postings[j].weights if n == 1 else postings[j].weights * np.float32(n)
+
+
+def _candidates(postings, repeats, depth, cache):
+    floor = _cut_bound(postings, repeats, depth)
     if len(postings) == 1:
         ids, weights = postings[0]
         scores = weights * np.float32(repeats[0]) if repeats and repeats[0] != 1 else weights
@@ -405,15 +415,11 @@ def _accumulate_and_cut(postings, repeats, floor, acc, mask, top):
         # Many short lists: one unbuffered add over them all, in the same order (add.at adds
         # each slot's weights in the order given, so every sum is the loop's, bit for bit).
         np.add.at(acc, np.concatenate([postings[j].rows() for j in order]),
-                  np.concatenate([postings[j].weights if repeats is None or repeats[j] == 1
-                                  else postings[j].weights * np.float32(repeats[j])
-                                  for j in order]))
+                  np.concatenate([_scaled(postings, repeats, j) for j in order]))
         order = ()
     for i, j in enumerate(order):
-        p = postings[j]
-        n = repeats[j] if repeats is not None else 1
-        weights = p.weights if n == 1 else p.weights * np.float32(n)
-        rows = p.rows()
+        weights = _scaled(postings, repeats, j)
+        rows = postings[j].rows()
         if not i:
             acc[rows] = weights
         elif rows.size >= ADD_AT_MIN:
