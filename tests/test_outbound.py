@@ -487,3 +487,50 @@ def test_a_bad_ca_bundle_is_refused_when_configured(tmp_path):
             get_embedder("openai", base_url="https://api.example.com/v1", model="m",
                          ca_bundle=bundle)
         assert str(tmp_path) not in str(error.value)
+
+
+# IANA special-purpose blocks, some of which this Python's ``ipaddress`` calls global
+# (192.0.0.192 is a cloud metadata address on SSRF lists; Python 3.11 says is_global).
+SPECIAL_PURPOSE_REFUSED = [
+    "192.0.0.192",
+    "192.0.0.9",
+    "192.0.0.170",
+    "192.0.2.10",
+    "198.18.0.1",
+    "198.51.100.7",
+    "203.0.113.9",
+    "192.88.99.1",
+    "192.31.196.1",
+    "192.52.193.1",
+    "192.175.48.1",
+    "::ffff:192.0.0.192",
+    "64:ff9b::c000:c0",      # NAT64 form of 192.0.0.192
+    "2002:c000:00c0::1",     # 6to4 form of 192.0.0.192
+    "64:ff9b:1::1",
+    "100::1",
+    "2001:db8::1",
+    "2001:2::1",
+    "3fff::1",
+    "5f00::1",
+    "2620:4f:8000::1",
+    "fec0::1",
+    "::192.0.0.192",         # IPv4-compatible: outside global unicast
+]
+
+
+@pytest.mark.parametrize("addr", SPECIAL_PURPOSE_REFUSED)
+def test_special_purpose_ranges_refused_on_every_python(addr):
+    for allow_private in (False, True):
+        with pytest.raises(UnsafeEndpoint):
+            check_resolved("h.example", 443, allow_private=allow_private, resolver=resolver_for(addr))
+
+
+def test_the_deny_list_does_not_rest_on_ipaddress_is_global():
+    # At least one refused address is "global" to this Python's ipaddress module: the list,
+    # not the library's classification, decides.
+    assert any(ipaddress.ip_address(a).is_global for a in ["192.0.0.192", "192.0.0.9", "192.31.196.1"])
+
+
+def test_literal_special_purpose_endpoint_is_refused_before_any_connection():
+    with pytest.raises(UnsafeEndpoint):
+        validate_endpoint("https://192.0.0.192/v1")

@@ -29,7 +29,6 @@ _HOSTNAME = re.compile(r"^(?=.{1,253}$)[a-z0-9_](?:[a-z0-9_-]{0,62})(?:\.[a-z0-9
 _BAD_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
 
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
-_THIS_NETWORK = ipaddress.ip_network("0.0.0.0/8")
 
 
 @dataclass(frozen=True)
@@ -155,26 +154,58 @@ def is_loopback(addr: str | IPAddress) -> bool:
         return False
 
 
+# The IANA special-purpose address registries (IPv4 and IPv6), written out rather than taken
+# from ``ipaddress``'s ``is_private``/``is_global``, whose answers change between Python
+# releases (3.11 calls 192.0.0.192, a cloud metadata address, global). ``private_ok``: a
+# local-server provider (``allow_private``) may reach it.
+_SPECIAL_PURPOSE = [
+    # (network, what it is, private_ok)
+    ("0.0.0.0/8", "an unspecified address", False),  # 0.0.0.0 reaches the local host on Linux
+    ("10.0.0.0/8", "a private address", True),
+    ("100.64.0.0/10", "a private address", True),  # shared address space (carrier NAT, VPNs)
+    ("127.0.0.0/8", "a loopback address", True),
+    ("169.254.0.0/16", "a link-local address", False),  # 169.254.169.254: cloud metadata
+    ("172.16.0.0/12", "a private address", True),
+    ("192.0.0.0/24", "a special-purpose address", False),  # 192.0.0.192: cloud metadata
+    ("192.0.2.0/24", "a documentation address", False),
+    ("192.31.196.0/24", "a special-purpose address", False),
+    ("192.52.193.0/24", "a special-purpose address", False),
+    ("192.88.99.0/24", "a special-purpose address", False),
+    ("192.168.0.0/16", "a private address", True),
+    ("192.175.48.0/24", "a special-purpose address", False),
+    ("198.18.0.0/15", "a special-purpose address", False),
+    ("198.51.100.0/24", "a documentation address", False),
+    ("203.0.113.0/24", "a documentation address", False),
+    ("224.0.0.0/4", "a multicast address", False),
+    ("240.0.0.0/4", "a reserved address", False),  # 255.255.255.255 included
+    ("::/128", "an unspecified address", False),
+    ("::1/128", "a loopback address", True),
+    ("64:ff9b:1::/48", "a special-purpose address", False),  # local-use NAT64
+    ("100::/64", "a special-purpose address", False),
+    ("100:0:0:1::/64", "a special-purpose address", False),
+    ("2001::/23", "a special-purpose address", False),
+    ("2001:db8::/32", "a documentation address", False),
+    ("2620:4f:8000::/48", "a special-purpose address", False),
+    ("3fff::/20", "a documentation address", False),
+    ("5f00::/16", "a special-purpose address", False),
+    ("fc00::/7", "a private address", True),
+    ("fe80::/10", "a link-local address", False),
+    ("fec0::/10", "a link-local address", False),  # site-local, deprecated
+    ("ff00::/8", "a multicast address", False),
+]
+_SPECIAL_NETWORKS = [(ipaddress.ip_network(net), why, ok) for net, why, ok in _SPECIAL_PURPOSE]
+# IPv6 outside global unicast (2000::/3) is not a place an endpoint can be: IPv4-compatible and
+# other reserved forms included.
+_GLOBAL_UNICAST_V6 = ipaddress.ip_network("2000::/3")
+
+
 def _refusal(ip: IPAddress, *, allow_private: bool) -> str | None:
     """Why ``ip`` (already unwrapped) may not be contacted, or None."""
-    # Never allowed, even for local servers: 169.254.169.254 (cloud metadata)
-    # is link-local, and 0.0.0.0 reaches the local host on Linux.
-    if ip.is_unspecified or (ip.version == 4 and ip in _THIS_NETWORK):
-        return "an unspecified address"
-    if ip.is_link_local:
-        return "a link-local address"
-    if ip.is_multicast:
-        return "a multicast address"
-    if ip.is_loopback:  # before is_reserved: ::1 lies in the reserved ::/8
-        return None if allow_private else "a loopback address"
-    if ip.is_reserved:
+    for network, why, private_ok in _SPECIAL_NETWORKS:
+        if ip.version == network.version and ip in network:
+            return None if (private_ok and allow_private) else why
+    if ip.version == 6 and ip not in _GLOBAL_UNICAST_V6:
         return "a reserved address"
-    if allow_private:
-        return None
-    if ip.is_private:
-        return "a private address"
-    if not ip.is_global:
-        return "a non-public address"
     return None
 
 
