@@ -496,6 +496,18 @@ MALFORMED = [
     (encoded({"id": 11, "params": {SENTINEL: 1}}), -32600, 11),  # JSON, not JSON-RPC
     (encoded({"jsonrpc": "2.0", "id": SENTINEL, "params": 1}), -32600, None),  # a text id is not repeated
     (encoded([{"jsonrpc": "2.0", "id": 12, "method": "tools/list"}]), -32600, None),  # a batch
+    # Ids that are not an integer or text, or out of range: refused, never taken as a notification.
+    (b'{"jsonrpc": "2.0", "id": NaN, "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": Infinity, "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": -Infinity, "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": 1.5, "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": 1e400, "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": 2.0, "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": 123456789012345678901234567890, "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": true, "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": null, "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": [1], "method": "tools/list"}', -32600, None),
+    (b'{"jsonrpc": "2.0", "id": {"a": 1}, "method": "notifications/initialized"}', -32600, None),
 ]
 
 

@@ -267,9 +267,21 @@ def _message_id(value):
     """
     if isinstance(value, dict):
         mid = value.get("id")
-        if isinstance(mid, int) and not isinstance(mid, bool):
+        if not isinstance(mid, str) and _valid_id(mid):
             return mid
     return None
+
+
+# JSON-RPC ids a client can round-trip exactly: text, or an integer a JavaScript number holds.
+_MAX_ID = 2**53 - 1
+
+
+def _valid_id(value) -> bool:
+    """MCP ids are text or integers, never null. Without this check a message with a float id
+    (NaN, 1.5, 1e400) validates as a *notification*, which nobody answers."""
+    if isinstance(value, str):
+        return True
+    return isinstance(value, int) and not isinstance(value, bool) and -_MAX_ID <= value <= _MAX_ID
 
 
 def refuse_malformed(raw: bytes, request_id: str) -> dict | None:
@@ -296,6 +308,9 @@ def parse_message(raw: bytes, request_id: str) -> tuple[object, dict | None]:
         return None, _rpc_error(_message_id(exc.value), types.INVALID_REQUEST,
                                 f"invalid request: JSON nested more than {strictjson.MAX_DEPTH} levels deep",
                                 request_id)
+    if isinstance(value, dict) and "id" in value and not _valid_id(value["id"]):
+        return None, _rpc_error(None, types.INVALID_REQUEST,
+                                "invalid request: the id must be an integer or a string", request_id)
     try:
         types.jsonrpc_message_adapter.validate_python(value, by_name=False)
     except ValidationError:
