@@ -1,9 +1,11 @@
 """Access logging: our one line per call, and no query text in the HTTP server's log."""
 
 import contextvars
+import inspect
 import logging
 import re
 import sys
+import types
 
 # (method, route label) of the HTTP request being answered, set by the instance boundary;
 # stdio MCP calls keep the default.
@@ -148,14 +150,36 @@ def install_sql_error_redaction() -> None:
         sys.stderr = _WithholdSqlErrorDetails(sys.stderr)
 
 
-def withhold_exception_locals() -> None:
-    """Stop Datasette's default error handler printing every exception with its locals.
+def _stand_in_frame():
+    return inspect.currentframe()  # traceback withheld by groundkit: frames' locals are not printed
 
-    With ``rich`` installed it prints each exception it handles (every 404 and 400
-    included) with ``show_locals=True``: the request's scope, headers with a bearer
-    token, and the caller's query text go to stdout. Internal errors are still logged
-    as tracebacks (without locals), by Datasette and under our request id.
+
+def withhold_exception_locals(exception: BaseException) -> None:
+    """Keep an exception Datasette is about to handle from printing its frames' locals.
+
+    Datasette's default handler prints each exception it handles (every 404 and 400
+    included) with rich's ``show_locals=True`` when rich is installed: the request's scope,
+    headers with a bearer token, and the caller's query text would go to stdout. Called by
+    the plugin's ``handle_exception`` hook, whose body runs before any handler's response is
+    made: an internal error's traceback is logged here first (frames and lines, no locals),
+    then the exception and those it was raised from get a stand-in traceback of one frame
+    without locals. (Python 3.11+ reads the handled exception's traceback from the exception.)
     """
-    import datasette.handle_exception as default_handler
-
-    default_handler.rich = None
+    if exception.__traceback__ is None:
+        return
+    status = getattr(exception, "status", 500)
+    if not isinstance(status, int) or status >= 500:
+        logging.getLogger("groundkit").error(
+            "a Datasette request failed",
+            exc_info=(type(exception), exception, exception.__traceback__))
+    frame = _stand_in_frame()
+    stand_in = types.TracebackType(None, frame, frame.f_lasti, frame.f_lineno)
+    pending, seen = [exception], set()
+    while pending:
+        exc = pending.pop()
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        if exc.__traceback__ is not None:
+            exc.__traceback__ = stand_in
+        pending += [exc.__cause__, exc.__context__]

@@ -16,6 +16,7 @@ import pytest
 from datasette.app import Datasette
 
 from groundkit_datasette.security.auth import hash_token
+from groundkit_datasette.surfaces.datasette_compat import DATASETTE_1
 from groundkit_datasette.collection.ingest import ingest
 
 from .conftest import write_corpus
@@ -86,6 +87,24 @@ def _groups(pattern: str):
     return out
 
 
+def _first_alternative(pattern: str) -> str:
+    """``pattern`` up to its first ``|`` outside any group or class."""
+    depth, i = 0, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            i = pattern.index("]", i + 1) + 1
+            continue
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if c == "|" and depth == 0:
+            return pattern[:i]
+        i += 1
+    return pattern
+
+
 def example_path(pattern: str, values: dict, *, optional_groups: bool) -> str:
     """A path the route ``pattern`` matches, with named groups taken from ``values``;
     optional groups left out, or filled in."""
@@ -97,7 +116,8 @@ def example_path(pattern: str, values: dict, *, optional_groups: bool) -> str:
             replacement = values.get(name, "x")
         else:
             inner = text[start + 1 : end - (2 if optional else 1)]
-            replacement = example_path(inner.split("|")[0], values, optional_groups=optional_groups)
+            replacement = example_path(_first_alternative(inner), values,
+                                       optional_groups=optional_groups)
         text = text[:start] + replacement + text[end:]
     text = text.lstrip("^").rstrip("$")
     text = re.sub(r"\\(.)", r"\1", text)
@@ -156,10 +176,15 @@ def client_for(ds, url="http://localhost", **kwargs):
     return httpx.AsyncClient(transport=httpx.ASGITransport(app=ds.app()), base_url=url, **kwargs)
 
 
+# Routes only one Datasette line has: each must be among the probed paths on its line.
+LINE_ROUTES = ("/energy/-/query.json", "/-/schema.json", "/-/config.json") if DATASETTE_1 else (
+    "/-/metadata.json",)
+
+
 async def test_the_routes_include_other_plugins_and_datasettes_own(built):
     paths = instance_paths(make_ds(built), built)
-    for expected in ("/-/mcp", "/-/groundkit/mcp", "/-/metadata.json", "/energy/chunks.json",
-                     "/energy.db", "/-/static/app.css"):
+    for expected in ("/-/mcp", "/-/groundkit/mcp", "/energy/chunks.json", "/energy.db",
+                     "/-/static/app.css", *LINE_ROUTES):
         assert expected in paths
 
 
@@ -305,27 +330,41 @@ async def test_security_headers_on_every_answer(built):
         assert r.status_code == 403 and r.headers["x-frame-options"] == "DENY"
 
 
-async def test_metadata_pages_never_show_groundkit_secrets(built):
+# The pages that show the instance's configuration on this line: file paths, plugin settings.
+CONFIGURATION_PAGES = ("/-/databases.json", "/-/databases") + (
+    ("/-/config.json", "/-/config") if DATASETTE_1 else ("/-/metadata.json", "/-/metadata"))
+
+
+async def test_configuration_pages_are_root_only_on_a_published_server(built):
+    """Datasette serves the plugin settings as written (token hashes, the OIDC provider,
+    directories) on /-/metadata (0.65) and /-/config (1.0), and file paths on /-/databases:
+    on a published server only the root actor sees them (adr/0053)."""
     oidc = {"issuer": "https://idp.internal.example", "audience": "groundkit",
             "jwks_url": "https://idp.internal.example/jwks.json"}
-    metadata_in = {"title": "Energy", "plugins": {"groundkit": {
-        "base_dir": str(built["corpus"]), "index_dir": str(built["index_dir"]),
-        **PUBLISHED, "oidc": oidc}}}
+    root_token = "boundary-root-token-0123456789"
+    settings = {"base_dir": str(built["corpus"]), "index_dir": str(built["index_dir"]),
+                **PUBLISHED, "oidc": oidc}
+    settings["tokens"] = [*PUBLISHED["tokens"], {"id": "root", "sha256": hash_token(root_token)}]
+    metadata_in = {"title": "Energy", "plugins": {"groundkit": settings}}
     ds = Datasette(files=[], immutables=[str(built["index_dir"] / "energy.sqlite3")],
                    secret="boundary", metadata=metadata_in)
-    auth = {"authorization": f"Bearer {TOKEN}"}
+    alice = {"authorization": f"Bearer {TOKEN}"}
+    root = {"authorization": f"Bearer {root_token}"}
     async with client_for(ds, "http://192.0.2.7") as client:
-        for page in ("/-/metadata.json", "/-/metadata"):
-            r = await client.get(page, headers=auth)
-            assert r.status_code == 200, page
-            for secret in (hash_token(TOKEN), "idp.internal.example", str(built["index_dir"]),
-                           str(built["corpus"])):
-                assert secret not in r.text, (page, secret)
-        shown = (await client.get("/-/metadata.json", headers=auth)).json()
-        assert shown["title"] == "Energy" and shown["plugins"]["groundkit"]["allow_remote_access"] is True
-        assert "alice" not in json.dumps(shown)  # not even the token ids
+        for page in CONFIGURATION_PAGES:
+            for path in (page, page + "/"):
+                r = await client.get(path, headers=alice)
+                assert r.status_code == 403 and r.json()["error"] == "forbidden", path
+                for secret in (hash_token(TOKEN), "idp.internal.example", str(built["index_dir"]),
+                               str(built["corpus"])):
+                    assert secret not in r.text, (path, secret)
+            assert (await client.get(page, headers=root)).status_code == 200, page
         # The settings still work: the token authenticates, the collection answers.
-        r = await client.get("/energy/-/groundkit/status.json", headers=auth)
+        r = await client.get("/energy/-/groundkit/status.json", headers=alice)
         assert r.status_code == 200
-    # The caller's own metadata object is left as it was.
-    assert metadata_in["plugins"]["groundkit"]["tokens"][0]["sha256"] == hash_token(TOKEN)
+        assert (await client.get("/-/versions.json", headers=alice)).status_code == 200
+    # On loopback, where every caller may read every collection, the pages stay open.
+    ds = make_ds(built)
+    async with client_for(ds) as client:
+        for page in CONFIGURATION_PAGES:
+            assert (await client.get(page)).status_code == 200, page

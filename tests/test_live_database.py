@@ -1,12 +1,17 @@
+"""Datasette's own pages follow a re-ingest (adr/0010, adr/0053): each published version is
+its own Database, swapped in before a request is routed; on both Datasette lines."""
+
 import asyncio
 import sqlite3
 import time
 
+import pytest
 from datasette.app import Datasette
 from datasette.database import Database
 
 from groundkit_datasette.collection.ingest import ingest
-from groundkit_datasette.plugin.live_database import CollectionDatabase
+from groundkit_datasette.plugin import live_database
+from groundkit_datasette.surfaces.datasette_compat import CollectionVersion
 
 
 def serve(*immutables):
@@ -33,15 +38,16 @@ async def per_thread_answers(db, sql):
     return {value for _, value in answers}
 
 
-async def test_datasette_pages_follow_a_reingest_on_every_thread(corpus, index_dir):
+async def test_datasette_pages_follow_a_reingest_on_every_thread(corpus, index_dir, monkeypatch):
+    monkeypatch.setattr(live_database, "GRACE_SECONDS", 0)
     ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
     path = index_dir / "energy.sqlite3"
     ds = serve(path)
     r = await ds.client.get("/energy/chunks.json?_search=flywheels&_shape=array")
     assert r.status_code == 200 and r.json() == []
-    db = ds.get_database("energy")
-    assert isinstance(db, CollectionDatabase)
-    before = await per_thread_answers(db, "SELECT count(*) FROM documents")
+    old = ds.get_database("energy")
+    assert isinstance(old, CollectionVersion)
+    before = await per_thread_answers(old, "SELECT count(*) FROM documents")
     assert before == {4}
     before_counts = await page_counts(ds)
     assert before_counts["documents"] == 4 and before_counts["chunks"] >= 4
@@ -49,15 +55,20 @@ async def test_datasette_pages_follow_a_reingest_on_every_thread(corpus, index_d
     (corpus / "tides.md").write_text("# Tides\n\nFlywheels and lagoons store energy.\n")
     ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
 
-    # Every thread had a connection to the replaced file; each now reads the new one.
-    assert await per_thread_answers(db, "SELECT count(*) FROM documents") == {5}
+    # Every thread had a connection to the replaced file; the next request serves the new
+    # version, on which each thread reads the new file.
     responses = await asyncio.gather(
         *[ds.client.get("/energy/chunks.json?_search=flywheels&_shape=array") for _ in range(6)]
     )
     assert all(len(r.json()) == 1 for r in responses)
-    # The cached counts were dropped, and recounted without the page's 10 ms limit.
+    new = ds.get_database("energy")
+    assert new is not old and (new.name, new.route) == ("energy", "energy")
+    assert await per_thread_answers(new, "SELECT count(*) FROM documents") == {5}
+    # The counts are the new version's, counted without the page's 10 ms limit.
     # tides.md is one short paragraph: one more document, one more chunk.
     assert await page_counts(ds) == {"documents": 5, "chunks": before_counts["chunks"] + 1}
+    # The replaced version is closed once its grace period is over.
+    assert await asyncio.to_thread(old.closed.wait, 60)
 
 
 async def test_other_databases_are_left_alone_and_nothing_is_created(corpus, index_dir, tmp_path):
@@ -71,14 +82,31 @@ async def test_other_databases_are_left_alone_and_nothing_is_created(corpus, ind
     ds = serve(path, plain)
     assert (await ds.client.get("/plain.json")).status_code == 200
     assert type(ds.get_database("plain")) is Database
-    assert isinstance(ds.get_database("energy"), CollectionDatabase)
+    assert isinstance(ds.get_database("energy"), CollectionVersion)
     # Swapped in place: the order Datasette lists databases in is kept.
     assert [n for n in ds.databases if not n.startswith("_")] == ["energy", "plain"]
 
-    # A collection deleted while served: reading never creates an empty file in its place.
+    # A collection deleted while served: its pages answer 404, and reading never creates
+    # an empty file in its place.
     path.unlink()
-    await ds.client.get("/energy/documents.json")
+    assert (await ds.client.get("/energy/documents.json")).status_code == 404
     await asyncio.gather(*[ds.client.get("/energy/chunks.json") for _ in range(6)])
+    assert not path.exists()
+    assert (await ds.client.get("/plain.json")).status_code == 200
+    # Published again, it is served again.
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    assert (await page_counts(ds))["documents"] == 4
+
+
+def test_a_version_whose_file_is_gone_never_creates_one(corpus, index_dir):
+    """A thread's first connection to a version whose file was deleted meanwhile is an
+    error, not a new empty file (SQLite's immutable=1 alone would create one)."""
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    path = index_dir / "energy.sqlite3"
+    version = CollectionVersion(Datasette(), path)
+    path.unlink()
+    with pytest.raises(sqlite3.OperationalError):
+        version.connect()
     assert not path.exists()
 
 
@@ -90,7 +118,7 @@ async def test_a_positional_collection_is_served_immutable_and_follows_a_reinges
     for ds in (Datasette(files=[str(path)]), Datasette(immutables=[str(path)])):
         assert (await page_counts(ds))["documents"] == 4
         db = ds.get_database("energy")
-        assert isinstance(db, CollectionDatabase) and not db.is_mutable
+        assert isinstance(db, CollectionVersion) and not db.is_mutable
     (corpus / "tides.md").write_text("# Tides\n\nFlywheels and lagoons store energy.\n")
     ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
     for ds in (Datasette(files=[str(path)]), Datasette(immutables=[str(path)])):

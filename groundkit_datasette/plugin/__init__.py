@@ -15,7 +15,6 @@ from datasette import hookimpl
 
 from ..logs import (
     install_access_log_filter, install_call_log, install_sql_error_redaction, install_stateless_mcp_filter,
-    withhold_exception_locals,
 )
 from ..surfaces.json_api import (  # noqa: F401  (part of the plugin's face)
     HEALTH_ROUTE, MAX_BODY_BYTES, MCP_ROUTE, OPENAPI_ROUTE, health_view, json_view, openapi_view,
@@ -23,9 +22,12 @@ from ..surfaces.json_api import (  # noqa: F401  (part of the plugin's face)
 )
 from ..surfaces.service import registry_for, settings_for  # noqa: F401
 from ..surfaces.tools import Tool, all_tools
-from .boundary_hooks import actor_from_request, asgi_wrapper, permission_allowed  # noqa: F401  (hooks)
+from ..surfaces import datasette_compat
+from .boundary_hooks import (  # noqa: F401  (hooks)
+    actor_from_request, asgi_wrapper, handle_exception, prepare_connection,
+)
 from ..surfaces.datasette_mcp_bridge import register_mcp_tools  # noqa: F401  (datasette-mcp's hook)
-from .live_database import CollectionDatabase, follow_collections
+from .live_database import add_collection, follow_collections
 from .ui_hooks import render_cell, table_actions  # noqa: F401  (hookimpls must be attributes here)
 
 log = logging.getLogger("groundkit")
@@ -54,20 +56,12 @@ def register_routes(datasette):
     return routes_for(all_tools())
 
 
-@hookimpl
-def skip_csrf(datasette, scope):
-    """JSON API and MCP calls carry no ambient credentials a cross-site form could forge:
-    a browser cannot send ``application/json`` cross-origin without a CORS preflight."""
-    if scope.get("type") != "http":
-        return False
-    path = scope.get("path", "")
-    if path == MCP_ROUTE:
-        return True
-    if not path.endswith(".json") or "/-/groundkit/" not in path:
-        return False
-    headers = dict(scope.get("headers") or [])
-    content_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-    return content_type == b"application/json"
+# The hooks whose names differ between Datasette's lines (surfaces/datasette_compat.py).
+if datasette_compat.DATASETTE_1:
+    permission_resources_sql = datasette_compat.permission_resources_sql
+else:
+    permission_allowed = datasette_compat.permission_allowed
+    skip_csrf = datasette_compat.skip_csrf_hook(MCP_ROUTE)
 
 
 @hookimpl
@@ -77,14 +71,10 @@ def startup(datasette):
     settings = settings_for(datasette)
     settings.check_paths()
     registry_for(datasette).check_models()
-    from ..security.boundary import hide_secrets
-
-    hide_secrets(datasette)  # after settings_for: the parsed settings keep the values
     install_access_log_filter()
     install_call_log()
     install_stateless_mcp_filter()
     install_sql_error_redaction()
-    withhold_exception_locals()
     from ..security.boundary import startup_checks
 
     startup_checks(settings)
@@ -100,15 +90,15 @@ def startup(datasette):
 
 
 def attach_index_dir(datasette, index_dir: Path) -> list[str]:
-    """Add every collection in ``index_dir`` as an immutable database."""
+    """Add every collection in ``index_dir`` as an immutable database, followed across
+    re-ingests (live_database.py)."""
     from ..retrieval.collection import list_collections
 
     added = []
     for name in list_collections(index_dir).collections:
         if name in datasette.databases:
             continue
-        path = Path(index_dir) / f"{name}.sqlite3"
-        datasette.add_database(CollectionDatabase(datasette, path), name=name)
+        add_collection(datasette, name, Path(index_dir) / f"{name}.sqlite3")
         added.append(name)
     return added
 

@@ -1,22 +1,38 @@
 """The instance boundary's Datasette hooks (adr/0011): the decisions themselves are in
-``security/boundary.py``; these wire them to this instance's settings and collections."""
+``security/boundary.py``; these wire them to this instance's settings and collections.
+The permission hooks, which differ between Datasette 0.65 and 1.0, are in
+``surfaces/datasette_compat.py``."""
 
 from __future__ import annotations
 
+import sqlite3
+
 from datasette import hookimpl
 
-from ..retrieval.permissions import collection_has_acl
-from ..security.boundary import RAW_READ_ACTIONS, authenticate_scope, authenticator_for, guard
-from ..surfaces.service import registry_for, settings_for
+from ..collection.access_lists import connection_is_protected
+from ..collection.schema import APPLICATION_ID
+from ..logs import withhold_exception_locals
+from ..retrieval.permissions import deny_row_reads
+from ..security.boundary import authenticate_scope, authenticator_for, guard
+from ..surfaces.datasette_compat import past_csrf_check
+from ..surfaces.json_api import MCP_ROUTE
+from ..surfaces.service import settings_for
+from .live_database import following
 
 
 @hookimpl(trylast=True)
 def asgi_wrapper(datasette):
     """``trylast``: applied last, so the boundary is the outermost wrapper and runs before any
-    other plugin's wrapper, route or view."""
+    other plugin's wrapper, route or view. Once it has let a request in, the request is
+    routed to the collection versions now published (live_database.py)."""
 
     def wrap(app):
-        return guard(datasette, settings_for, app)
+        inner = following(datasette, app)
+
+        async def accepted(scope, receive, send):
+            return await inner(past_csrf_check(scope, MCP_ROUTE), receive, send)
+
+        return guard(datasette, settings_for, accepted)
 
     return wrap
 
@@ -33,32 +49,27 @@ def actor_from_request(datasette, request):
     return inner
 
 
-@hookimpl(trylast=True)
-def permission_allowed(datasette, actor, action, resource):
-    """Datasette's table, SQL and download views cannot apply document permissions, so
-    they are closed on any collection that has (or had) documents with an access list.
+@hookimpl
+def prepare_connection(conn, database, datasette):
+    """Every read connection Datasette opens to a protected collection version refuses
+    column reads (``deny_row_reads``). The permission hooks close Datasette's raw views of
+    a protected collection; this holds even when a publish lands after their check, because
+    it is decided by the version this connection reads."""
+    try:
+        if conn.execute("PRAGMA application_id").fetchone()[0] != APPLICATION_ID:
+            return
+    except sqlite3.Error:
+        return
+    if connection_is_protected(conn):
+        conn.set_authorizer(deny_row_reads)
 
-    The file now at the path decides here; the connection that runs the query decides
-    again (``retrieval.permissions.deny_row_reads``), so a publish between the two leaks nothing. A download
-    streams whatever file is at the path when it starts, so collections are never
-    downloaded over HTTP. ``--crossdb`` attaches every file to ``_memory``, outside both
-    checks, so ``_memory`` SQL is closed while any attached collection is protected.
-    """
-    if action not in RAW_READ_ACTIONS:
-        return None
-    database = resource[0] if isinstance(resource, (tuple, list)) else resource
-    if not isinstance(database, str):
-        return None
-    registry = registry_for(datasette)
-    if database == "_memory" and getattr(datasette, "crossdb", False):
-        if any(collection_has_acl(registry.database_path(n)) for n in registry.candidate_names()):
-            return False
-        return None
-    path = registry.database_path(database)
-    if path is None:
-        return None
-    if action == "view-database-download":
-        return False
-    if not collection_has_acl(path):
-        return None
-    return False
+
+@hookimpl(tryfirst=True)
+def handle_exception(datasette, request, exception):
+    """Datasette's default handler prints each exception it handles (404s included) with
+    rich's ``show_locals`` when rich is installed: the request's headers, a bearer token and
+    the caller's query text would reach the console. Runs before any handler's response is
+    made (logs.withhold_exception_locals)."""
+    if not getattr(datasette, "pdb", False):
+        withhold_exception_locals(exception)
+    return None

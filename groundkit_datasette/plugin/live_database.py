@@ -1,129 +1,148 @@
-"""Datasette's own pages follow a re-ingest without a restart.
+"""Datasette's own pages follow a re-ingest without a restart (adr/0010, adr/0053).
 
-Datasette keeps one ``immutable=1`` connection per executor thread and
-database. Ingest publishes by rename (adr/0002), so a connection opened
-before the publish keeps reading the old file. A thread that connects later
-reads the new one, so different requests would disagree until a restart.
-``CollectionDatabase`` stats the file before each query (one ``stat``).
-After a publish, every thread reconnects on its next query, and the cached
-table counts are dropped.
+Datasette keeps one ``immutable=1`` connection per executor thread and database. Ingest
+publishes by rename (adr/0002), so a connection opened before the publish keeps reading the
+old file. Each published version is therefore its own Datasette ``Database``
+(``CollectionVersion``): before a request is routed, the file's identity is compared with
+the served version's (one ``stat`` per collection), and a new version replaces the old under
+the same name and route by a new ``datasette.databases`` mapping, as ``add_database`` assigns
+one. Every thread then connects to the new file, and every cache (table counts, hash, size)
+starts empty. The old version is closed after a grace period, for the queries in flight.
+
+A collection whose file is gone, or is no longer a collection, is taken out of the mapping
+(its pages answer 404) and comes back when a collection is published there again: no read
+ever creates a file at its path.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
+import logging
 from pathlib import Path
 
-from datasette.database import Database
+from ..collection.schema import FileIdentity, is_collection_file
+from ..surfaces.datasette_compat import CollectionVersion
 
-from ..collection.access_lists import connection_is_protected
-from ..collection.schema import FileIdentity
-from ..retrieval.permissions import deny_row_reads
-from ..collection.schema import connect_readonly, is_collection_file
+log = logging.getLogger("groundkit")
 
-
-# What Datasette's own start-up allows for counting an immutable database's tables.
-COUNT_LIMIT_MS = 60 * 60 * 1000
+# How long a replaced version stays open for the queries already running on it. Datasette's
+# own time limit for one query is a second by default (sql_time_limit_ms).
+GRACE_SECONDS = 30.0
 
 
-def _identity(path) -> FileIdentity | None:
+def _identity(path: Path) -> FileIdentity | None:
     try:
-        return FileIdentity.of(Path(path))
+        return FileIdentity.of(path)
     except OSError:
-        return None  # gone: keep serving what is open; never create a file by connecting
+        return None
 
 
-class CollectionDatabase(Database):
-    """An immutable Datasette database whose file an ingest may replace by rename."""
+class LiveCollections:
+    """The collections one Datasette instance follows: name -> (path, route)."""
 
-    def __init__(self, ds, path):
-        super().__init__(ds, path=str(path), is_mutable=False)
-        self._identity = _identity(path)
-        self._epoch = 0
-        self._local = threading.local()
+    def __init__(self, datasette):
+        self.datasette = datasette
+        self.followed: dict[str, tuple[Path, str]] = {}
 
-    def connect(self, write=False):
-        assert not write, "collections are served read-only"
-        # mode=ro as well as immutable=1: a missing file is an error, not a new empty file.
-        conn = connect_readonly(Path(self.path))
-        self._all_file_connections.append(conn)
-        return conn
+    def follow(self, name: str, path: Path, route: str | None = None) -> None:
+        self.followed[name] = (Path(path), route or name)
 
-    def _current_epoch(self) -> int:
-        identity = _identity(self.path)
-        if identity is not None and identity != self._identity:
-            self._identity = identity
-            self._epoch += 1
-            self.cached_hash = None
-            self.cached_size = None
-            self._cached_table_counts = None
-        return self._epoch
+    def refresh(self) -> list[str]:
+        """Serve the version now at each followed path; returns the names that changed."""
+        databases = self.datasette.databases
+        changes: dict[str, CollectionVersion | None] = {}
+        for name, (path, _route) in self.followed.items():
+            db = databases.get(name)
+            identity = _identity(path)
+            if isinstance(db, CollectionVersion) and db.identity == identity:
+                continue
+            if db is not None and not isinstance(db, CollectionVersion) and (
+                    not db.path or Path(db.path) != path):
+                continue  # the name now serves another file: an operator's choice
+            if identity is None or not is_collection_file(path):
+                if db is not None:
+                    changes[name] = None
+                continue
+            changes[name] = CollectionVersion(self.datasette, path, identity)
+        if changes:
+            self._swap(changes)
+        return list(changes)
 
-    def _connection(self, epoch: int):
-        local = self._local
-        conn = getattr(local, "conn", None)
-        if conn is None or local.epoch != epoch:
-            if conn is not None:  # only this thread ever used it
-                conn.close()
-                try:
-                    self._all_file_connections.remove(conn)
-                except ValueError:
-                    pass
-            conn = self.connect()
-            if connection_is_protected(conn):
-                # Datasette's raw views are closed on protected collections by
-                # permission_allowed; this holds even when a publish lands after that check.
-                conn.set_authorizer(deny_row_reads)
-            self.ds._prepare_connection(conn, self.name)
-            local.conn, local.epoch = conn, epoch
-        return conn
+    def _swap(self, changes: dict) -> None:
+        old_mapping = self.datasette.databases
+        mapping = {}
+        for name, db in old_mapping.items():
+            if name in changes:
+                if changes[name] is not None:
+                    mapping[name] = self._named(changes[name], name)
+            else:
+                mapping[name] = db
+        for name, new in changes.items():  # a collection published again after it was gone
+            if new is not None and name not in mapping:
+                mapping[name] = self._named(new, name)
+        # One new mapping in the same order (the index page and get_database() follow it),
+        # assigned whole as Datasette's add_database does.
+        self.datasette.databases = mapping
+        for name in changes:
+            old = old_mapping.get(name)
+            if old is not None:
+                retire(old)
 
-    async def table_counts(self, limit=10):
-        # Datasette counts an immutable database's tables once, at start-up, with an hour's
-        # limit, and caches the result. A fresh version gets the same treatment: the
-        # database page's 10 ms limit would cache a None for every table that was slower.
-        if self.cached_table_counts is None:
-            limit = max(limit, COUNT_LIMIT_MS)
-        epoch = self._current_epoch()
-        counts = await super().table_counts(limit=limit)
-        if self._epoch != epoch:  # a publish landed between the counts: cache none of them
-            self._cached_table_counts = None
-        return counts
+    def _named(self, db, name):
+        db.name, db.route = name, self.followed[name][1]
+        return db
 
-    async def execute_fn(self, fn):
-        epoch = self._current_epoch()
-        if self.ds.executor is None:  # Datasette's non-threaded mode
-            return fn(self._connection(epoch))
-        return await asyncio.get_running_loop().run_in_executor(
-            self.ds.executor, lambda: fn(self._connection(epoch))
-        )
+
+def retire(db) -> None:
+    """Close a replaced version once the queries already running on it are done."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        db.close()
+        return
+    # In a thread: 1.0's close() waits for the version's pending queries.
+    loop.call_later(GRACE_SECONDS, lambda: loop.run_in_executor(None, db.close))
+
+
+def live_collections(datasette) -> LiveCollections:
+    live = getattr(datasette, "_groundkit_live", None)
+    if live is None:
+        live = LiveCollections(datasette)
+        datasette._groundkit_live = live
+    return live
 
 
 def follow_collections(datasette) -> list[str]:
-    """Serve every collection database through ``CollectionDatabase``.
+    """Serve every collection database as a ``CollectionVersion`` and follow its file.
 
-    A collection is recognised by its application id, not by how Datasette was
-    started: ``datasette x.sqlite3`` (a positional, mutable file) is served
-    immutably too, so its pages follow a re-ingest and nothing can write to it.
+    A collection is recognised by its application id, not by how Datasette was started:
+    ``datasette x.sqlite3`` (a positional, mutable file) is served immutably too, so its
+    pages follow a re-ingest and nothing can write to it.
     """
-    swapped, replaced = [], {}
+    live = live_collections(datasette)
     for name, db in datasette.databases.items():
-        if isinstance(db, CollectionDatabase) or db.is_memory or not db.path:
+        if name in live.followed or db.is_memory or not db.path:
             continue
-        if not is_collection_file(Path(db.path)):
-            continue
-        new = CollectionDatabase(datasette, db.path)
-        new.name, new.route = name, db.route
-        replaced[name] = (db, new)
-        swapped.append(name)
-    if replaced:
-        # One new mapping in the same order (the index page and get_database() follow it),
-        # assigned whole as Datasette's add_database does.
-        datasette.databases = {
-            name: replaced[name][1] if name in replaced else db
-            for name, db in datasette.databases.items()
-        }
-        for old, _new in replaced.values():
-            old.close()
-    return swapped
+        if isinstance(db, CollectionVersion) or is_collection_file(Path(db.path)):
+            live.follow(name, Path(db.path), db.route)
+    return live.refresh()
+
+
+def add_collection(datasette, name: str, path: Path) -> None:
+    """Serve the collection file at ``path`` as database ``name`` and follow it."""
+    live = live_collections(datasette)
+    live.follow(name, path)
+    live.refresh()
+
+
+def following(datasette, app):
+    """``app``, with each request routed to the collection versions now published."""
+
+    async def follow(scope, receive, send):
+        if scope.get("type") in ("http", "websocket"):
+            live = getattr(datasette, "_groundkit_live", None)
+            if live is not None and live.followed:
+                live.refresh()
+        return await app(scope, receive, send)
+
+    return follow

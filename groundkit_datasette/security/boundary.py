@@ -139,8 +139,10 @@ def _paths(scope) -> list[str]:
     return [p.partition("?")[0] for p in out]
 
 
-# Datasette's database list names each database's file path on the server.
-_DATABASE_LIST = re.compile(r"/-/databases(\.json)?/?")
+# Datasette's pages that show how the instance is configured: the database list names each
+# database's file path on the server; /-/metadata (0.65) and /-/config (1.0) show the plugin
+# settings (token hashes, the OIDC provider, directories).
+_CONFIGURATION_PAGES = re.compile(r"/-/(databases|metadata|config)(\.json)?/?")
 
 
 def _strip_base_url(datasette, path: str) -> str:
@@ -150,8 +152,8 @@ def _strip_base_url(datasette, path: str) -> str:
     return path
 
 
-def is_database_list(datasette, scope) -> bool:
-    return any(_DATABASE_LIST.fullmatch(_strip_base_url(datasette, p)) for p in _paths(scope))
+def is_configuration_page(datasette, scope) -> bool:
+    return any(_CONFIGURATION_PAGES.fullmatch(_strip_base_url(datasette, p)) for p in _paths(scope))
 
 
 def _is_asset(path: str) -> bool:
@@ -281,22 +283,25 @@ async def refusal(datasette, settings, scope, receive, *, authenticate=True):
     return None, scope
 
 
-_DATABASE_LIST_HIDDEN = (
+_CONFIGURATION_HIDDEN = (
     403,
     "forbidden",
-    "on a published server the database list, which shows file paths, is only for the root actor",
+    "on a published server the pages showing this instance's configuration (file paths, "
+    "plugin settings) are only for the root actor",
 )
 
 
-async def database_list_refusal(datasette, settings, scope, receive):
-    """``/-/databases`` gets the guard of a collection page; when published, it is root's only."""
+async def configuration_page_refusal(datasette, settings, scope, receive):
+    """``/-/databases``, ``/-/metadata`` and ``/-/config`` get the guard of a collection page;
+    when published, they are root's only (adr/0053): Datasette serves the settings as they
+    were written, and no public API of either line scrubs them."""
     refused, scope = await refusal(datasette, settings, scope, receive)
     if refused is not None or not settings.allow_remote_access:
         return refused, scope
     actor = await _any_actor(datasette, scope, receive)
     if isinstance(actor, dict) and actor.get("id") == "root":
         return None, scope
-    return _DATABASE_LIST_HIDDEN, scope
+    return _CONFIGURATION_HIDDEN, scope
 
 
 async def send_refusal(scope, send, status: int, kind: str, detail: str) -> None:
@@ -344,22 +349,42 @@ _BASE_CSP = "frame-ancestors 'none'; object-src 'none'; base-uri 'self'"
 
 
 def _inline_script_hashes() -> list[str]:
+    """The CSP hashes of the inline scripts in the installed Datasette's ``base.html`` and
+    the templates it includes, as this version renders them: 1.0's carries the running
+    version (``window.datasetteVersion = '...'``), so its hash is taken of the rendered
+    text. A script whose text depends on the page (a plugin's ``extra_body_script``) is not
+    allowed: it would need 'unsafe-inline'."""
     import base64
     import hashlib
     from pathlib import Path
 
     import datasette
+    import jinja2
+    from datasette.version import __version__
 
-    hashes = []
-    template = Path(datasette.__file__).parent / "templates" / "_close_open_menus.html"
-    try:
-        text = template.read_text("utf-8")
-    except OSError:
-        return hashes
-    for body in re.findall(r"<script>(.*?)</script>", text, flags=re.S):
-        digest = hashlib.sha256(body.encode("utf-8")).digest()
-        hashes.append("'sha256-" + base64.b64encode(digest).decode() + "'")
-    return hashes
+    folder = Path(datasette.__file__).parent / "templates"
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    hashes, names, seen = [], ["base.html"], set()
+    while names:
+        name = names.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            text = (folder / name).read_text("utf-8")
+        except OSError:
+            continue
+        names += re.findall(r"""{%-?\s*include\s+["']([\w.-]+)["']""", text)
+        for body in re.findall(r"<script>(.*?)</script>", text, flags=re.S):
+            if "{%" in body:
+                continue
+            try:
+                body = env.from_string(body).render(datasette_version=__version__)
+            except jinja2.UndefinedError:
+                continue
+            digest = hashlib.sha256(body.encode("utf-8")).digest()
+            hashes.append("'sha256-" + base64.b64encode(digest).decode() + "'")
+    return sorted(set(hashes))
 
 
 GROUNDKIT_CSP = (
@@ -405,8 +430,8 @@ def guard(datasette, settings_of, app):
         REQUEST_LINE.set((scope.get("method", "WS"), route))
         if scope["type"] == "http":
             send = _with_security_headers(scope, send)
-        if is_database_list(datasette, scope):
-            refused, scope = await database_list_refusal(datasette, settings, scope, receive)
+        if is_configuration_page(datasette, scope):
+            refused, scope = await configuration_page_refusal(datasette, settings, scope, receive)
         else:
             open_path = is_open_asset(datasette, scope) or is_public_path(
                 datasette, scope, settings.public_paths
@@ -418,44 +443,6 @@ def guard(datasette, settings_of, app):
         return await app(scope, receive, send)
 
     return groundkit_access
-
-
-# -- secrets in metadata -----------------------------------------------------------------
-
-# What Datasette's /-/metadata pages may show of groundkit's block. Everything else (token
-# hashes, OIDC issuer and JWKS URL, endpoint options, directories) is replaced.
-PUBLIC_SETTINGS = frozenset({"embedder", "reranker", "allow_remote_access", "allow_anonymous"})
-HIDDEN = "[hidden by groundkit]"
-
-
-def _scrubbed(value):
-    if isinstance(value, dict):
-        out = {}
-        for key, item in value.items():
-            if key == "plugins" and isinstance(item, dict) and isinstance(item.get("groundkit"), dict):
-                item = dict(item)
-                item["groundkit"] = {
-                    k: (v if k in PUBLIC_SETTINGS else HIDDEN) for k, v in item["groundkit"].items()
-                }
-                out[key] = {k: _scrubbed(v) if k != "groundkit" else v for k, v in item.items()}
-            else:
-                out[key] = _scrubbed(item)
-        return out
-    if isinstance(value, list):
-        return [_scrubbed(v) for v in value]
-    return value
-
-
-def hide_secrets(datasette) -> None:
-    """Take groundkit's secrets out of the metadata Datasette serves, once they are read.
-
-    Called at start-up after the settings are parsed and cached (``settings_for``); the
-    settings object is then the only holder of the values. A copy replaces Datasette's
-    dict, so a caller's own metadata object is left as it was.
-    """
-    local = getattr(datasette, "_metadata_local", None)
-    if isinstance(local, dict):
-        datasette._metadata_local = _scrubbed(local)
 
 
 # -- start-up -------------------------------------------------------------------------------

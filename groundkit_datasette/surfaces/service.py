@@ -22,7 +22,7 @@ from ..retrieval.collection import Collection
 from ..logs import REQUEST_LINE
 from ..retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, PlainResponse, SearchRequest
 from ..collection.names import validate_name
-from ..collection.schema import is_collection_file
+from .datasette_compat import can, collection_file
 from .inline_calls import InlineCalls
 
 log = logging.getLogger("groundkit")
@@ -282,10 +282,7 @@ class Registry:
 
     def database_path(self, name: str) -> Path | None:
         db = self.datasette.databases.get(name)
-        if db is None or not getattr(db, "path", None):
-            return None
-        path = Path(db.path)
-        return path if is_collection_file(path) else None
+        return None if db is None else collection_file(db)
 
     def warm(self) -> None:
         """Import LanceDB and load query embedders ahead of the first dense query.
@@ -317,9 +314,9 @@ class Registry:
 
     async def allowed(self, actor, name: str) -> bool:
         ds = self.datasette
-        if not await ds.permission_allowed(actor, "view-instance", default=True):
+        if not await can(ds, actor, "view-instance"):
             return False
-        return await ds.permission_allowed(actor, "view-database", resource=name, default=True)
+        return await can(ds, actor, "view-database", name)
 
     async def get(self, name: str, actor) -> Collection:
         validate_name(name)  # before any lookup: a traversal probe learns nothing
