@@ -10,6 +10,7 @@ from datasette.app import Datasette
 from groundkit_datasette import plugins as gk_plugins
 from groundkit_datasette.collection.ingest import ingest
 from groundkit_datasette.plugin import HEALTH_ROUTE, MCP_ROUTE, OPENAPI_ROUTE
+from groundkit_datasette.surfaces.datasette_compat import DATASETTE_1
 from groundkit_datasette.surfaces.tools import Tool, all_tools
 
 from .conftest import snapshot
@@ -270,9 +271,40 @@ async def test_csrf_json_posts_work_with_and_without_cookies_but_forms_are_still
                              headers={"content-type": "application/json"},
                              cookies={"ds_actor": "x", "ds_csrftoken": "abc"})
     assert r.status_code == 200
+    # Datasette's CSRF protection still applies to form posts: 0.65 refuses one without its
+    # token, 1.0 a browser's cross-site one (by Sec-Fetch-Site).
     r = await ds.client.post("/energy/-/groundkit/search.json", data={"query": "wind"},
+                             cookies={"ds_csrftoken": "abc"},
+                             headers={"sec-fetch-site": "cross-site"} if DATASETTE_1 else {})
+    assert r.status_code == 403
+
+
+BROWSER_ON_LOOPBACK = {"origin": "http://localhost:6274", "sec-fetch-site": "same-site",
+                       "sec-fetch-mode": "cors"}
+
+
+async def test_a_browser_mcp_client_on_a_loopback_page_is_answered(ds):
+    """The MCP Inspector (a page on http://localhost:6274) posts JSON to the MCP endpoint and
+    the JSON API: the boundary's Origin rule decides, not Datasette's CSRF check (1.0 refuses
+    any POST that is not same-origin), on both Datasette lines."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    r = await ds.client.post(MCP_ROUTE, content=json.dumps(body), headers={
+        **BROWSER_ON_LOOPBACK, "content-type": "application/json",
+        "accept": "application/json, text/event-stream"})
+    assert r.status_code == 200 and r.json()["result"]["tools"]
+    r = await ds.client.post("/energy/-/groundkit/search.json", content=json.dumps({"query": "wind"}),
+                             headers={**BROWSER_ON_LOOPBACK, "content-type": "application/json"})
+    assert r.status_code == 200 and r.json()["hits"]
+    # A page elsewhere is still refused, by the boundary, as JSON.
+    r = await ds.client.post(MCP_ROUTE, content=json.dumps(body), headers={
+        "origin": "https://evil.example", "sec-fetch-site": "cross-site",
+        "content-type": "application/json", "accept": "application/json, text/event-stream"})
+    assert r.status_code == 403 and r.json()["error"] == "origin_not_allowed"
+    # Datasette's own pages keep its CSRF check.
+    r = await ds.client.post("/energy/-/groundkit/search.json", data={"query": "wind"},
+                             headers={**BROWSER_ON_LOOPBACK, "sec-fetch-site": "cross-site"},
                              cookies={"ds_csrftoken": "abc"})
-    assert r.status_code == 403  # Datasette's CSRF protection still applies to form posts
+    assert r.status_code == 403
 
 
 async def test_every_operation_is_read_only_through_the_json_api(ds, collection):

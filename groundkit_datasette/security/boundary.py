@@ -363,7 +363,8 @@ def _inline_script_hashes() -> list[str]:
     from datasette.version import __version__
 
     folder = Path(datasette.__file__).parent / "templates"
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True)
     hashes, names, seen = [], ["base.html"], set()
     while names:
         name = names.pop()
