@@ -522,19 +522,23 @@ def mcp(index_dir, base_dir, metadata, as_user, groups):
 @click.option("--index-dir", default=".", show_default=True, type=click.Path(file_okay=False),
               help="Where COLLECTION names are looked up; served whole when no target is given.")
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on: loopback unless --metadata publishes (allow_remote_access).")
+              help="Address to listen on: loopback unless --config publishes (allow_remote_access).")
 @click.option("--port", "-p", default=8001, show_default=True, type=click.IntRange(1, 65535))
 @click.option("--open", "open_browser", is_flag=True, help="Open the search page in a browser.")
 @click.option("--base-dir", type=click.Path(file_okay=False),
               help="Where fetch_chunk re-reads sources to verify citations.")
+@click.option("--config", "-c", "config", type=click.File("r"),
+              help="Datasette configuration (datasette.yaml, YAML or JSON): plugins.groundkit "
+                   "settings, permissions; read on Datasette 0.65 and 1.0 alike.")
 @click.option("--metadata", "-m", type=click.File("r"),
-              help="Datasette metadata (YAML or JSON): permissions, plugins.groundkit settings.")
-def serve_command(targets, index_dir, host, port, open_browser, base_dir, metadata):
+              help="Datasette metadata (YAML or JSON): titles and descriptions; on 0.65 also "
+                   "permissions and plugins.groundkit settings, as before.")
+def serve_command(targets, index_dir, host, port, open_browser, base_dir, config, metadata):
     """Browse and search collections in Datasette: loopback, read-only, the plugin loaded."""
     from .surfaces.serve import run
 
     run(targets, index_dir=index_dir, host=host, port=port, open_browser=open_browser,
-        metadata_file=metadata, base_dir=base_dir)
+        metadata_file=metadata, config_file=config, base_dir=base_dir)
 
 
 @cli.command("eval")

@@ -142,6 +142,8 @@ def test_open_starts_the_browser_on_the_url(collection, tmp_path):
         (["{empty}"], 2, "no groundkit collections in"),
         (["--metadata", "{bad_meta}"], 1,
          "Error: groundkit plugin settings: unknown reranker 'cross-encodr'"),
+        (["--config", "{bad_meta}"], 1,
+         "Error: groundkit plugin settings: unknown reranker 'cross-encodr'"),
     ],
 )
 def test_serve_refuses_with_one_message(collection, tmp_path, args, code, words):
@@ -152,9 +154,29 @@ def test_serve_refuses_with_one_message(collection, tmp_path, args, code, words)
     bad_meta.write_text(json.dumps({"plugins": {"groundkit": {"reranker": "cross-encodr"}}}))
     names = {"plain": plain, "empty": tmp_path / "empty", "bad_meta": bad_meta}
     args = [a.format(**names) for a in args]
-    if args[0] == "--metadata" or args[0] == "--host":
+    if args[0] in ("--metadata", "--config", "--host"):
         args = [str(collection.parent)] + args
     result = subprocess.run(groundkit("serve", *args, "--port", str(free_port())),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == code, result.stderr
     assert words in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("option", ["--config", "--metadata"])
+def test_serve_reads_the_plugin_settings_from_a_config_or_a_metadata_file(
+        collection, corpus, tmp_path, option):
+    """datasette.yaml (``-c``) is where Datasette 1.0 plugins read their settings, metadata.yml
+    is where 0.65 read them: ``groundkit serve`` takes either on both lines."""
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("title: Energy notes\nplugins:\n  groundkit:\n    max_top_k: 3\n")
+    served = Served(str(collection.parent), "--base-dir", str(corpus), option, str(settings))
+    try:
+        url = served.base + "/energy/-/groundkit/search.json?query=batteries&top_k="
+        assert get(url + "3")[0] == 200
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            get(url + "4")
+        assert refused.value.code == 422 and b"at most 3" in refused.value.read()
+        if option == "--metadata":
+            assert "Energy notes" in get(served.base + "/")[1]
+    finally:
+        assert served.stop() == 0

@@ -132,6 +132,34 @@ def permission_resources_sql(datasette, actor, action):
     return inner
 
 
+# -- configuration -----------------------------------------------------------------------------
+
+
+def datasette_options(metadata: dict, config: dict) -> dict:
+    """``Datasette(...)`` keyword arguments for this line from metadata and a configuration.
+
+    1.0 reads plugin settings, permissions and settings from ``datasette.yaml`` (``config=``)
+    and titles and descriptions from metadata. 0.65 has no configuration file: plugin
+    settings and ``allow`` blocks live in metadata, settings are their own argument.
+    """
+    if DATASETTE_1:
+        return {"metadata": metadata, "config": config}
+    config = dict(config)
+    settings = config.pop("settings", None)
+    merged = _merged(metadata, config)
+    return {"metadata": merged, **({"settings": settings} if settings else {})}
+
+
+def _merged(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
 # -- cross-site POSTs ---------------------------------------------------------------------------
 
 

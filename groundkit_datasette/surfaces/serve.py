@@ -60,26 +60,42 @@ def is_loopback_host(host: str) -> bool:
     return host.strip().lower() in ("localhost",) or loopback_ip(host.strip("[]"))
 
 
-def serve_metadata(files: list[Path], metadata: dict, base_dir: str | None) -> dict:
-    """The caller's metadata, with a title, a line per collection and the plugin settings."""
-    config = dict(metadata or {})
+def serve_configuration(files: list[Path], metadata: dict, config: dict,
+                        base_dir: str | None) -> tuple[dict, dict]:
+    """(metadata, configuration) for Datasette: the caller's, with a title, a line per
+    collection and the plugin settings. Plugin settings may come from either file (the
+    configuration file's win); datasette_compat.datasette_options puts them where this
+    Datasette line reads them."""
+    metadata = dict(metadata or {})
+    config = dict(config or {})
     names = [f.name[: -len(SQLITE_SUFFIX)] for f in files]
-    config.setdefault("title", "groundkit: " + ", ".join(names))
-    config.setdefault("description", "Search and cite your documents. Every collection is "
-                                     "served read-only; re-ingest and reload to see new files.")
-    databases = dict(config.get("databases") or {})
+    metadata.setdefault("title", "groundkit: " + ", ".join(names))
+    metadata.setdefault("description", "Search and cite your documents. Every collection is "
+                                       "served read-only; re-ingest and reload to see new files.")
+    databases = dict(metadata.get("databases") or {})
     for name in names:
         db = dict(databases.get(name) or {})
         db.setdefault("description", f"groundkit collection {name}: documents and chunks")
         databases[name] = db
-    config["databases"] = databases
-    plugins = dict(config.get("plugins") or {})
+    metadata["databases"] = databases
+    plugins = {**(metadata.pop("plugins", None) or {}), **(config.get("plugins") or {})}
     settings = dict(plugins.get("groundkit") or {})
     if base_dir is not None:
         settings["base_dir"] = base_dir
     plugins["groundkit"] = settings
     config["plugins"] = plugins
-    return config
+    return metadata, config
+
+
+def _read(file, option: str) -> dict:
+    from datasette.utils import BadMetadataError, parse_metadata
+
+    if file is None:
+        return {}
+    try:
+        return dict(parse_metadata(file.read()) or {})
+    except BadMetadataError as exc:
+        raise click.BadParameter(str(exc), param_hint=option) from None
 
 
 def url_for(host: str, port: int) -> str:
@@ -88,24 +104,24 @@ def url_for(host: str, port: int) -> str:
 
 
 def run(targets, *, index_dir=".", host="127.0.0.1", port=8001, open_browser=False,
-        metadata_file=None, base_dir=None) -> None:
+        metadata_file=None, config_file=None, base_dir=None) -> None:
     from datasette.app import Datasette
-    from datasette.utils import BadMetadataError, parse_metadata
 
-    try:
-        metadata = dict(parse_metadata(metadata_file.read()) or {}) if metadata_file else {}
-    except BadMetadataError as exc:
-        raise click.BadParameter(str(exc), param_hint="--metadata") from None
-    settings = (metadata.get("plugins") or {}).get("groundkit") or {}
-    if not is_loopback_host(host) and settings.get("allow_remote_access") is not True:
+    from .datasette_compat import datasette_options
+
+    metadata = _read(metadata_file, "--metadata")
+    config = _read(config_file, "--config")
+    files = collection_files(targets, index_dir)
+    metadata, config = serve_configuration(files, metadata, config, base_dir)
+    if not is_loopback_host(host) and config["plugins"]["groundkit"].get(
+            "allow_remote_access") is not True:
         raise click.UsageError(
             f"--host {host} is not a loopback address: to publish collections, set "
-            "plugins.groundkit.allow_remote_access and authentication in --metadata "
-            "(see docs/deployment.md)"
+            "plugins.groundkit.allow_remote_access and authentication in --config or "
+            "--metadata (see docs/deployment.md)"
         )
-    files = collection_files(targets, index_dir)
-    config = serve_metadata(files, metadata, base_dir)
-    ds = Datasette(files=[], immutables=[str(f) for f in files], metadata=config)
+    ds = Datasette(files=[], immutables=[str(f) for f in files],
+                   **datasette_options(metadata, config))
     # Start-up now, as `datasette serve` does: a bad setting stops here with one message.
     loop = asyncio.new_event_loop()
     asyncio.set_event_loop(loop)
