@@ -5,12 +5,26 @@ BIN := $(VENV)/bin
 HOST ?= 127.0.0.1
 PORT ?= 8001
 
-.PHONY: demo ingest-demo serve test check-install bench clean
+.PHONY: demo ingest-demo serve test test-datasette-1 check-install bench clean
+
+# The two Datasette lines the suite runs on (adr/0053): `make test` on 0.65, `make
+# test-datasette-1` on the 1.0 alpha in a venv of its own; each with the datasette-auth-tokens
+# release that line supports (datasette-mcp 0.3 runs on both).
+DATASETTE_065 ?= 0.65.5
+DATASETTE_1 ?= 1.0a41
+VENV1 := .venv-datasette-1
+BIN1 := $(VENV1)/bin
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,cluster]'
+	$(BIN)/pip install --quiet -e '.[test,cluster]' 'datasette==$(DATASETTE_065)' 'datasette-auth-tokens==0.3'
+	touch $@
+
+$(BIN1)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV1)
+	$(BIN1)/pip install --quiet --upgrade pip
+	$(BIN1)/pip install --quiet -e '.[test,cluster]' 'datasette==$(DATASETTE_1)' 'datasette-auth-tokens==0.4a13'
 	touch $@
 
 ingest-demo: $(BIN)/.installed
@@ -25,12 +39,17 @@ test: $(BIN)/.installed
 	scripts/setup-test-system
 	$(BIN)/python -m pytest -q
 
+# The same suite on Datasette 1.0 (.ci/run runs both).
+test-datasette-1: $(BIN1)/.installed
+	scripts/setup-test-system
+	$(BIN1)/python -m pytest -q
+
 # Builds the wheel, installs it into a fresh venv and ingests offline with the default embedder.
 check-install:
 	PYTHON=$(PYTHON) scripts/check-fresh-install
 
 clean:
-	rm -rf $(VENV) groundkit.sqlite3 groundkit.lance .groundkit.lock
+	rm -rf $(VENV) $(VENV1) groundkit.sqlite3 groundkit.lance .groundkit.lock
 
 # Installs what the benchmarks compare against (PyTorch 2.13.0 CPU lies on this machine's disk),
 # builds the >= 200k-chunk Debian documentation corpus once (apt-get, as root; no other network),

@@ -391,3 +391,30 @@ async def test_every_inline_script_of_a_groundkit_page_is_allowed_by_its_hash(bu
                 assert f"'sha256-{digest}'" in script_src, (path, body[:60])
             if DATASETTE_1:
                 assert any("datasetteVersion" in body for body in inline)
+
+
+async def test_another_authentication_plugin_s_actor_passes_a_published_boundary(built):
+    """datasette-auth-tokens (0.3 on Datasette 0.65, 0.4 on 1.0) names the actor of a published
+    server: the boundary lets it in, and the raw views and groundkit's tools answer it."""
+    pytest.importorskip("datasette_auth_tokens")
+    ds = Datasette(
+        files=[], immutables=[str(built["index_dir"] / "energy.sqlite3")], secret="boundary",
+        metadata={"plugins": {
+            "groundkit": {"base_dir": str(built["corpus"]), "allow_remote_access": True},
+            "datasette-auth-tokens": {"tokens": [
+                {"token": "other-plugin-token", "actor": {"id": "bot"}}]},
+        }},
+    )
+    bot = {"authorization": "Bearer other-plugin-token"}
+    async with client_for(ds, "http://192.0.2.7") as client:
+        for path in ("/-/groundkit/collections.json", "/energy/chunks.json?_shape=array",
+                     "/-/actor.json"):
+            assert (await client.get(path)).status_code == 401, path
+            r = await client.get(path, headers=bot)
+            assert r.status_code == 200, (path, r.text[:200])
+        assert (await client.get("/-/actor.json", headers=bot)).json()["actor"] == {"id": "bot"}
+        r = await client.get("/energy/chunks.json?_shape=array", headers=bot)
+        assert "Photovoltaic" in r.text
+        r = await client.get("/-/groundkit/collections.json",
+                             headers={"authorization": "Bearer not-a-token"})
+        assert r.status_code == 401
