@@ -14,7 +14,7 @@ import pypdfium2 as pdfium
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette.collection.extract import extract_bytes
+from groundkit_datasette.collection.extract import Skipped, extract_bytes
 from groundkit_datasette.collection.ingest import ingest
 from groundkit_datasette.retrieval import page_images
 from groundkit_datasette.retrieval.page_images import (
@@ -370,3 +370,209 @@ async def test_pdf_hits_are_told_apart_by_their_pages(pdf_corpus):
     r = await ds.client.get("/plant/-/groundkit/search?q=output+rose+twelve+percent&top_k=2")
     titles = re.findall(r'<h3[^>]*>.*?<a [^>]*>([^<]+)</a>', r.text, re.S)
     assert sorted(titles) == ["report.pdf, page 1", "report.pdf, page 2"], titles
+
+
+# -- hostile PDFs: a page that renders for hours, one that needs gigabytes, 1,001 pages ----
+
+
+def _pdf(objects: list[bytes], catalog: int) -> bytes:
+    """A PDF of the given objects (numbered from 1) with a correct xref table."""
+    out = bytearray(b"%PDF-1.4\n")
+    offsets = []
+    for i, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
+    xref = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % off for off in offsets)
+    out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
+        len(objects) + 1, catalog, xref)
+    return bytes(out)
+
+
+def _stream(dictionary: bytes, data: bytes) -> bytes:
+    return b"<< " + dictionary + b" /Length %d >>\nstream\n" % len(data) + data + b"\nendstream"
+
+
+def nested_pdf(depth: int, *, masks: bool) -> bytes:
+    """One page of two text lines over ``depth`` levels of forms, each drawing the next twice.
+
+    ``masks``: each level fills a square through a soft mask that is the next level, so pdfium
+    draws 2**depth masks one after another in little memory (depth 16 took 16 s here, depth 19
+    115 s at 29 MB: depth 24 would take about an hour). Without: plain nested form XObjects,
+    which pdfium expands when it loads the page (depth 20 took 2.7 GB here). pypdf reads the
+    text and ignores soft masks; it stops following forms after 5,000 invocations."""
+    objects: list[bytes] = [b"<< /Type /Catalog /Pages 2 0 R >>", b"",
+                            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>"]
+
+    def add(body: bytes) -> int:
+        objects.append(body)
+        return len(objects)
+
+    inner = None
+    for _level in range(depth + 1):
+        if masks:
+            group = b"/Type /XObject /Subtype /Form /BBox [0 0 612 792] " \
+                    b"/Group << /S /Transparency /CS /DeviceGray >>"
+            if inner is None:
+                form = add(_stream(group, b"0 0 100 100 re f"))
+            else:
+                form = add(_stream(group + b" /Resources << /ExtGState << /G %d 0 R >> >>" % inner,
+                                   b"/G gs 0 0 100 100 re f /G gs 0 0 100 100 re f"))
+            inner = add(b"<< /Type /ExtGState /SMask << /Type /Mask /S /Luminosity /G %d 0 R >> >>"
+                        % form)
+        else:
+            form = b"/Type /XObject /Subtype /Form /BBox [0 0 612 792]"
+            inner = add(_stream(form, b"0 0 1 1 re f") if inner is None else _stream(
+                form + b" /Resources << /XObject << /X %d 0 R >> >>" % inner, b"/X Do /X Do"))
+    draw = b"q /G gs 0 0 100 100 re f Q" if masks else b"q /X Do Q"
+    content = add(_stream(b"", b"BT /F1 12 Tf 18 TL 72 720 Td (A page that is slow to draw) Tj "
+                                b"T* (and hard to stop) Tj ET " + draw))
+    resource = b"/ExtGState << /G %d 0 R >>" % inner if masks else b"/XObject << /X %d 0 R >>" % inner
+    page = add(b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
+               b"/Resources << /Font << /F1 3 0 R >> %s >> >>" % (content, resource))
+    objects[1] = b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % page
+    return _pdf(objects, 1)
+
+
+@pytest.fixture
+def hostile_corpus(tmp_path):
+    """report.pdf, and beside it a page that renders for about an hour, one that needs
+    gigabytes of memory, and a document of 1,001 pages."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "report.pdf").write_bytes(make_pdf(REPORT))
+    (corpus / "slow.pdf").write_bytes(nested_pdf(24, masks=True))
+    (corpus / "huge.pdf").write_bytes(nested_pdf(20, masks=False))
+    (corpus / "long.pdf").write_bytes(make_pdf([[f"Folio {n} of the long register"]
+                                                for n in range(1, 1002)]))
+    index_dir = tmp_path / "index"
+    index_dir.mkdir()
+    ingest([corpus], collection="plant", index_dir=index_dir, embedder="none",
+           chunk_size=60, chunk_overlap=0)
+    page_images.CACHE = PageImageCache()
+    return corpus, index_dir
+
+
+def pdfium_children() -> list[int]:
+    """The live children of this process's fork server: the pdfium (or parser) children."""
+    from groundkit_datasette.collection.isolation import server_pid
+
+    server = server_pid()
+    if server is None:
+        return []
+    children = []
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # not a process, or one that just ended
+        if int(fields[1]) == server and fields[0] != "Z":
+            children.append(int(entry.name))
+    return children
+
+
+async def until(condition, what: str, limit: float = 120.0):
+    """Wait (generously) for ``condition()`` to be true; its value. A sync point, not a timing."""
+    import asyncio
+    import time
+
+    give_up = time.monotonic() + limit
+    while not (value := condition()):
+        assert time.monotonic() < give_up, f"never happened: {what}"
+        await asyncio.sleep(0.02)
+    return value
+
+
+async def test_a_slow_page_times_out_is_killed_and_does_not_hold_up_other_pages(
+        hostile_corpus, monkeypatch):
+    """Issue 33.5: a render past the deadline answers render_timeout, its pdfium child is
+    killed (no process left), and an ordinary page asked for meanwhile is drawn at once."""
+    import asyncio
+
+    corpus, index_dir = hostile_corpus
+    monkeypatch.setattr(page_images, "RENDER_SECONDS", 6.0)  # 20x an ordinary page here
+    ds = make_ds(index_dir, corpus)
+    slow = asyncio.ensure_future(ds.client.get(image_path(_chunk_of(index_dir, "slow.pdf"), 1)))
+    await until(lambda: pdfium_children() or slow.done(), "the slow page in a pdfium child")
+    r = await ds.client.get(image_path(chunk_with(index_dir, "Turbine blades"), 2))
+    assert r.status_code == 200 and r.headers["content-type"] == "image/png"
+    assert not slow.done()  # drawn while the slow page was still being rendered
+    rendering = await until(pdfium_children, "the slow page's pdfium child")
+    assert len(rendering) == 1  # the slow page's; the ordinary page's children are gone
+    r = await slow
+    assert r.status_code == 422 and r.json()["error"] == "render_timeout", r.text
+    assert "not ready within 6 seconds" in r.json()["detail"]
+    assert not any(Path(f"/proc/{pid}").exists() for pid in rendering)  # killed and reaped
+    assert pdfium_children() == []
+
+
+async def test_a_timed_out_render_frees_its_slot_and_past_the_slots_the_answer_is_busy(
+        hostile_corpus, monkeypatch):
+    """Every slot taken by a slow page: the next request is busy (503); at the deadline the
+    slow pages' children are killed and the slots are free at once, not when pdfium is done."""
+    import asyncio
+
+    corpus, index_dir = hostile_corpus
+    monkeypatch.setattr(page_images, "RENDER_SECONDS", 6.0)
+    # None waiting: a request with a child was admitted, so two children mean no slot is left.
+    monkeypatch.setattr(page_images, "MAX_QUEUED", 0)
+    ds = make_ds(index_dir, corpus)
+    slow_page = image_path(_chunk_of(index_dir, "slow.pdf"), 1)
+    ordinary = image_path(chunk_with(index_dir, "Turbine blades"), 2)
+    slow = [asyncio.ensure_future(ds.client.get(slow_page)) for _ in range(page_images.MAX_RENDERS)]
+    await until(lambda: len(pdfium_children()) == page_images.MAX_RENDERS
+                or any(s.done() for s in slow), "every slow page in a pdfium child")
+    r = await ds.client.get(ordinary)
+    assert r.status_code == 503 and r.json()["error"] == "server_busy"
+    assert r.headers["retry-after"] == "1"
+    assert not any(s.done() for s in slow)
+    for r in await asyncio.gather(*slow):
+        assert r.status_code == 422 and r.json()["error"] == "render_timeout"
+    assert pdfium_children() == []
+    assert (await ds.client.get(ordinary)).status_code == 200
+
+
+async def test_a_page_that_needs_gigabytes_is_stopped_at_the_memory_limit(hostile_corpus):
+    corpus, index_dir = hostile_corpus
+    ds = make_ds(index_dir, corpus)
+    r = await ds.client.get(image_path(_chunk_of(index_dir, "huge.pdf"), 1))
+    assert r.status_code == 404 and r.json()["error"] == "no_page_image", r.text
+    assert "could not draw this page within its limits" in r.json()["detail"]
+    assert "Traceback" not in r.text and str(corpus) not in r.text
+    assert pdfium_children() == []
+    assert (await ds.client.get(image_path(chunk_with(index_dir, "Turbine blades"), 2))
+            ).status_code == 200
+
+
+def _chunk_of(index_dir: Path, source: str) -> str:
+    import sqlite3
+
+    conn = sqlite3.connect(f"file:{index_dir / 'plant.sqlite3'}?immutable=1", uri=True)
+    try:
+        return conn.execute("SELECT c.chunk_id FROM chunks c JOIN documents d USING (document_id) "
+                            "WHERE d.source = ? ORDER BY c.start_offset", (source,)).fetchone()[0]
+    finally:
+        conn.close()
+
+
+async def test_a_document_over_max_pages_is_refused_before_pypdf_reads_its_pages(
+        hostile_corpus):
+    """The page count comes from the page tree's /Count, not from extracting every page.
+    Shown by a file whose pages no longer hold their text: a full parse would find the
+    citation gone (409 source_changed); the answer is the page bound, before any parse."""
+    corpus, index_dir = hostile_corpus
+    ds = make_ds(index_dir, corpus)
+    chunk_id = _chunk_of(index_dir, "long.pdf")
+    r = await ds.client.get(image_path(chunk_id, 1))
+    assert r.status_code == 413 and r.json()["error"] == "page_image_too_large"
+    assert r.json()["detail"] == "the document has more than 1000 pages"
+    long_pdf = corpus / "long.pdf"
+    blanked = long_pdf.read_bytes().replace(b") Tj", b") Tx")  # same length: xref still right
+    assert blanked != long_pdf.read_bytes()
+    with pytest.raises(Skipped, match="no text layer"):
+        extract_bytes(blanked, ".pdf")  # what a full parse would now say
+    long_pdf.write_bytes(blanked)
+    r = await ds.client.get(image_path(chunk_id, 1))
+    assert r.status_code == 413 and r.json()["error"] == "page_image_too_large", r.text
+    assert pdfium_children() == []

@@ -14,31 +14,43 @@ libraries order lines differently. A character pdfium does not have is not highl
 Nothing is drawn unless pypdf, the same version, extracts the cited text at the cited offsets
 again (the test ``fetch_chunk``'s verdict makes): a changed source gets ``SourceChanged``,
 never a highlight over other text.
+
+pdfium runs only in child processes (``collection/isolation.py``), with a memory limit and
+the request's deadline, at which they are killed; the page count is read first, so a document
+over MAX_PAGES is refused before pypdf parses its pages (adr/0052).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
+import time
 import zlib
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from ..collection.extract import PDF_PAGE_SEPARATOR, Skipped, extract_bytes
+from ..collection.extract import (PDF_PAGE_SEPARATOR, Exceeded, ExtractionBusy, Skipped,
+                                  extract_bytes)
+from ..collection.isolation import ChildFailed, ChildOutOfMemory, ChildTimeout, run_isolated
 from ..errors import ChunkNotFound, NoPageImage, PageImageTooLarge, RenderTimeout, SourceChanged
-from .citations import _TOO_LARGE, _Unresolvable, _read_bounded, _resolve_source
+
+log = logging.getLogger("groundkit")
 
 # -- the bounds (docs/api.md#page-images) ---------------------------------------------------
 
 MAX_SOURCE_BYTES = 64 * 1024 * 1024  # the ingest limit (extract.MAX_FILE_BYTES)
-MAX_PAGES = 1000                     # pages in the document (pypdf re-reads all of them)
+MAX_PAGES = 1000                     # pages in the document (pdfium's count, read first)
 PAGE_WIDTH_PX = 1000                 # every page image is this wide
 MAX_SCALE = 4.0                      # a tiny page is not blown up further than this
 MAX_PAGE_PIXELS = 4_000_000          # width x height; a very tall page is refused
 RENDER_SECONDS = 20.0                # from the request to the PNG, queueing included
-MAX_QUEUED = 4                       # renders waiting at once; more get "busy"
+MAX_RENDERS = 2                      # page images produced at once (one pdfium child each)
+BACKSTOP_SECONDS = 1.0               # past the deadline, answer even if the worker has not
+MAX_QUEUED = 4                       # more waiting for one; beyond that, "busy"
+RENDER_MEMORY_BYTES = 512 * 1024 * 1024  # a pdfium child's address space beyond its start
 MAX_PAGES_SHOWN = 3                  # page images on one chunk page
 CACHE_BYTES = 32 * 1024 * 1024       # the LRU's total PNG bytes
 CACHE_ENTRIES = 256
@@ -53,6 +65,9 @@ _CHANGED = ("the source file changed since it was ingested and the cited text is
             "its place: its pages are not shown")
 _EXTRACTED_DIFFERENTLY = ("the source is no longer extracted the way it was when cited: "
                           "its pages are not shown")
+_UNREADABLE = "pdfium cannot read this PDF: its pages are not shown"
+_UNRENDERABLE = "pdfium could not draw this page within its limits: it has no page image"
+_TIMED_OUT = "the page image was not ready within {:g} seconds"
 
 
 @dataclass(frozen=True)
@@ -210,19 +225,38 @@ def _draw(pixels, rects) -> None:
         pixels[y0:y1, x1 - 2:x1] = edge
 
 
-# -- rendering --------------------------------------------------------------------------------
+# -- rendering, in a child process ----------------------------------------------------------
+#
+# pdfium reads the source file, which anyone who can put a file in the corpus wrote: a page can
+# take minutes (nested soft masks) or gigabytes to draw. So pdfium only ever runs in a child
+# (collection/isolation.py) with an address-space limit and the request's deadline; at the
+# deadline the child is killed and its slot is free at once (adr/0052).
 
 
-def render_page(data: bytes, page_text: str, start: int, end: int, page: int) -> PageImage:
-    """Page ``page`` (1-based) of the PDF ``data``, with ``page_text[start:end]`` highlighted.
-
-    ``page_text`` is pypdf's text of that page, as ingest extracted it."""
+def _count_pages_in_child(data: bytes) -> int:
+    """The document's page count as pdfium reads it: the cross-reference table and the page
+    tree's /Count, no page parsed (about a millisecond for 3,000 pages)."""
     import pypdfium2 as pdfium
 
     doc = pdfium.PdfDocument(data)
     try:
-        if len(doc) > MAX_PAGES:
-            raise PageImageTooLarge(f"the document has more than {MAX_PAGES} pages")
+        return len(doc)
+    finally:
+        doc.close()
+
+
+def _render_in_child(data: bytes, page_text: str, start: int, end: int, page: int,
+                     bounds: dict) -> dict:
+    """The pdfium part of :func:`render_page`, as plain data (run by ``run_isolated``).
+
+    ``bounds`` are the caller's: the child is a fresh process, blind to settings made since."""
+    import pypdfium2 as pdfium
+
+    max_pages, max_pixels = bounds["pages"], bounds["pixels"]
+    doc = pdfium.PdfDocument(data)
+    try:
+        if len(doc) > max_pages:
+            raise PageImageTooLarge(f"the document has more than {max_pages} pages")
         pdf_page = doc[page - 1]
         textpage = pdf_page.get_textpage()
         indices = map_span(page_text, start, end, _pdfium_text(textpage))
@@ -230,10 +264,10 @@ def render_page(data: bytes, page_text: str, start: int, end: int, page: int) ->
         width_pt, height_pt = pdf_page.get_size()  # as shown: /Rotate already applied
         if width_pt <= 0 or height_pt <= 0:
             raise PageImageTooLarge("the page has no area to render")
-        scale = min(MAX_SCALE, PAGE_WIDTH_PX / width_pt)
-        if (width_pt * scale) * (height_pt * scale) > MAX_PAGE_PIXELS:
+        scale = min(bounds["scale"], bounds["width"] / width_pt)
+        if (width_pt * scale) * (height_pt * scale) > max_pixels:
             raise PageImageTooLarge(
-                f"the page is too tall to render within {MAX_PAGE_PIXELS:,} pixels")
+                f"the page is too tall to render within {max_pixels:,} pixels")
         bitmap = pdf_page.render(scale=scale, rev_byteorder=True, fill_color=(255, 255, 255, 255))
         pixels = bitmap.to_numpy()[:, :, :3].copy()
         convert = bitmap.get_posconv(pdf_page)
@@ -244,10 +278,83 @@ def render_page(data: bytes, page_text: str, start: int, end: int, page: int) ->
             rects.append((min(xs), min(ys), max(xs), max(ys)))
         _draw(pixels, rects)
         height, width, _ = pixels.shape
-        return PageImage(encode_png(pixels), width, height, page, tuple(indices), tuple(boxes),
-                         tuple(rects))
+        return {"png": encode_png(pixels), "width": int(width), "height": int(height),
+                "char_indices": [int(i) for i in indices],
+                "boxes": [[float(b.left), float(b.bottom), float(b.right), float(b.top)]
+                          for b in boxes],
+                "rects": [[int(v) for v in r] for r in rects]}
     finally:
         doc.close()
+
+
+def _page_image(value, page: int, max_pixels: int) -> PageImage:
+    """The child's answer checked and rebuilt: a child pdfium ran in may have been subverted
+    by the file, so a malformed answer is a failed render, never trusted."""
+    try:
+        png, width, height = value["png"], value["width"], value["height"]
+        indices = value["char_indices"]
+        boxes = [Box(*(float(v) for v in _numbers(b, 4))) for b in value["boxes"]]
+        rects = [tuple(_numbers(r, 4, (int,))) for r in value["rects"]]
+        if (not isinstance(png, bytes) or not png.startswith(b"\x89PNG\r\n\x1a\n")
+                or not isinstance(indices, list)
+                or not all(type(v) is int for v in (width, height, *indices))
+                or not 0 < width * height <= max_pixels):
+            raise ValueError
+    except (KeyError, TypeError, ValueError):
+        raise ChildFailed() from None
+    return PageImage(png, width, height, page, tuple(indices), tuple(boxes), tuple(rects))
+
+
+def _numbers(values, n: int, kinds=(int, float)) -> list:
+    if (not isinstance(values, list) or len(values) != n
+            or not all(type(v) in kinds for v in values)):
+        raise ValueError
+    return values
+
+
+def _in_child(fn, *args, deadline: float):
+    """``fn(*args)`` in a pdfium child, killed at ``deadline`` (time.monotonic)."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise RenderTimeout(_TIMED_OUT.format(RENDER_SECONDS))
+    try:
+        return run_isolated(fn, *args, timeout=left, memory_bytes=RENDER_MEMORY_BYTES,
+                            passthrough=(PageImageTooLarge,))
+    except ChildTimeout:
+        raise RenderTimeout(_TIMED_OUT.format(RENDER_SECONDS)) from None
+    except ChildOutOfMemory:
+        raise PageImageTooLarge(f"the page needs more than "
+                                f"{RENDER_MEMORY_BYTES // (1024 * 1024)} MiB to render") from None
+
+
+def page_count(data: bytes, deadline: float | None = None) -> int:
+    """The PDF's page count, read by pdfium in a child without parsing any page.
+
+    Raises ``ChildFailed`` when pdfium cannot open the document."""
+    deadline = time.monotonic() + RENDER_SECONDS if deadline is None else deadline
+    count = _in_child(_count_pages_in_child, data, deadline=deadline)
+    if type(count) is not int or count < 0:
+        raise ChildFailed()
+    return count
+
+
+def render_page(data: bytes, page_text: str, start: int, end: int, page: int,
+                deadline: float | None = None) -> PageImage:
+    """Page ``page`` (1-based) of the PDF ``data``, with ``page_text[start:end]`` highlighted.
+
+    ``page_text`` is pypdf's text of that page, as ingest extracted it. pdfium runs in a
+    child process (``RENDER_MEMORY_BYTES``, killed at ``deadline``, by default RENDER_SECONDS
+    from now); a page it cannot read or draw is ``NoPageImage``."""
+    deadline = time.monotonic() + RENDER_SECONDS if deadline is None else deadline
+    try:
+        bounds = {"pages": MAX_PAGES, "pixels": MAX_PAGE_PIXELS, "width": PAGE_WIDTH_PX,
+                  "scale": MAX_SCALE}
+        value = _in_child(_render_in_child, data, page_text, start, end, page, bounds,
+                          deadline=deadline)
+        return _page_image(value, page, bounds["pixels"])
+    except ChildFailed:  # a crash, a pdfium error, a malformed answer (timeouts are answered)
+        log.warning("page image: pdfium's child failed on page %d of a PDF", page)
+        raise NoPageImage(_UNRENDERABLE) from None
 
 
 def page_texts(extracted_text: str, page_starts: tuple[int, ...]) -> list[tuple[int, str]]:
@@ -301,10 +408,11 @@ class PageImageCache:
 
 
 CACHE = PageImageCache()
-# pdfium is not thread-safe: one render at a time, on this one thread.
-_RENDERER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="groundkit-pdfium")
-_queued = 0
-_queued_lock = threading.Lock()
+# Page images produced at once: each worker's pdfium runs in its own child, killed at the
+# request's deadline, so a hostile page holds a worker no longer than RENDER_SECONDS.
+_RENDERER = ThreadPoolExecutor(max_workers=MAX_RENDERS, thread_name_prefix="groundkit-page-image")
+_admitted = 0  # requests producing or waiting for a page image
+_admitted_lock = threading.Lock()
 
 
 def cited_pages(chunk) -> list[int]:
@@ -315,11 +423,19 @@ def cited_pages(chunk) -> list[int]:
     return list(range(chunk.page_start, min(last, chunk.page_start + MAX_PAGES_SHOWN - 1) + 1))
 
 
-def chunk_page_image(collection, chunk_id: str, page: int, hidden_documents=()) -> PageImage:
+def chunk_page_image(collection, chunk_id: str, page: int, hidden_documents=(),
+                     deadline: float | None = None) -> PageImage:
     """Page ``page`` of the PDF chunk ``chunk_id`` cites, the span highlighted (blocking).
 
-    A chunk of a document in ``hidden_documents`` is not found, in a missing chunk's words."""
+    A chunk of a document in ``hidden_documents`` is not found, in a missing chunk's words.
+    pdfium's children are killed at ``deadline`` (``time.monotonic()``; by default
+    RENDER_SECONDS from now): past it, ``RenderTimeout``."""
+    # Imported here, not at the top: every pdfium child imports this module, and does not
+    # need them (pydantic's models cost a child ~55 ms).
+    from .citations import _TOO_LARGE, _Unresolvable, _read_bounded, _resolve_source
     from .models import FetchChunkRequest
+
+    deadline = time.monotonic() + RENDER_SECONDS if deadline is None else deadline
 
     FetchChunkRequest(chunk_id=chunk_id)
     rows = collection.query(
@@ -356,8 +472,25 @@ def chunk_page_image(collection, chunk_id: str, page: int, hidden_documents=()) 
     cached = CACHE.get(key)
     if cached is not None:
         return cached
+    # The page count before any full parse: pdfium reads the page tree's /Count, in a child
+    # (it is parsing an untrusted file), so a 3,000-page document is refused before pypdf
+    # reads its pages. A /Count that lies is caught after extraction, below.
     try:
-        extracted = extract_bytes(data, PurePosixPath(source).suffix)
+        pages = page_count(data, deadline)
+    except ChildFailed:
+        raise (SourceChanged(_CHANGED) if digest != file_hash
+               else NoPageImage(_UNREADABLE)) from None
+    if pages > MAX_PAGES:
+        raise PageImageTooLarge(f"the document has more than {MAX_PAGES} pages")
+    try:  # in a child, as fetch_chunk's re-extraction, within what is left of the deadline
+        extracted = extract_bytes(data, PurePosixPath(source).suffix, serving=True,
+                                  seconds=deadline - time.monotonic())
+    except ExtractionBusy as exc:
+        raise RenderBusy(str(exc)) from None
+    except Exceeded as exc:
+        if exc.kind == "time":
+            raise RenderTimeout(_TIMED_OUT.format(RENDER_SECONDS)) from None
+        raise PageImageTooLarge(f"the source cannot be re-extracted: {exc.reason}") from None
     except Skipped:
         raise SourceChanged(_EXTRACTED_DIFFERENTLY) from None
     if (extracted.extractor, extracted.extractor_version) != (extractor, extractor_version):
@@ -369,41 +502,48 @@ def chunk_page_image(collection, chunk_id: str, page: int, hidden_documents=()) 
     page_begin, text = page_texts(extracted.text, extracted.page_starts)[page - 1]
     local_start = max(0, start - page_begin)
     local_end = min(len(text), end - page_begin)
-    image = render_page(data, text, local_start, local_end, page)
+    image = render_page(data, text, local_start, local_end, page, deadline)
     CACHE.put(key, image)
     return image
 
 
-async def render_bounded(fn, *args) -> PageImage:
-    """``fn(*args)`` on the pdfium thread, within RENDER_SECONDS (queueing included)."""
+async def render_bounded(fn) -> PageImage:
+    """``fn(deadline)`` on a page-image worker, answered within RENDER_SECONDS of now
+    (queueing included). MAX_RENDERS run at once, MAX_QUEUED more wait, beyond that
+    ``RenderBusy``. ``fn`` passes the deadline on to pdfium's children, which are killed at
+    it: a timed-out render frees its worker at once instead of rendering on."""
     import asyncio
-    import time
 
-    global _queued
-    with _queued_lock:
-        if _queued >= MAX_QUEUED:
+    global _admitted
+    with _admitted_lock:
+        if _admitted >= MAX_RENDERS + MAX_QUEUED:
             raise RenderBusy("too many page images are being rendered; retry shortly")
-        _queued += 1
+        _admitted += 1
     deadline = time.monotonic() + RENDER_SECONDS
 
     def job():
-        global _queued
+        global _admitted
         try:
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 return None  # its caller has given up: do not spend the time
-            return fn(*args)
+            return fn(deadline)
         finally:
-            with _queued_lock:
-                _queued -= 1
+            with _admitted_lock:
+                _admitted -= 1
 
     future = asyncio.get_running_loop().run_in_executor(_RENDERER, job)
     try:
-        result = await asyncio.wait_for(asyncio.shield(future), timeout=RENDER_SECONDS)
+        # The worker answers RenderTimeout itself once its child is killed and reaped at the
+        # deadline; this is a backstop for the work around the children (reading and
+        # re-extracting the source), a little later so it does not race the worker's answer.
+        result = await asyncio.wait_for(asyncio.shield(future),
+                                        timeout=RENDER_SECONDS + BACKSTOP_SECONDS)
     except asyncio.TimeoutError:
-        raise RenderTimeout(
-            f"the page image was not ready within {RENDER_SECONDS:g} seconds") from None
+        # The worker ends on its own; its late answer is not wanted now.
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
+        raise RenderTimeout(_TIMED_OUT.format(RENDER_SECONDS)) from None
     if result is None:
-        raise RenderTimeout(f"the page image was not ready within {RENDER_SECONDS:g} seconds")
+        raise RenderTimeout(_TIMED_OUT.format(RENDER_SECONDS))
     return result
 
 

@@ -68,11 +68,11 @@ def page_image_view(tool):
             col = await ctx.collection(name)
             scoped = ctx.scoped(col)
 
-            def render():
+            def render(deadline):
                 access = scoped.access()
                 hidden = access.hidden_documents if access is not None else ()
                 return chunk_page_image(col, request.url_vars["chunk_id"],
-                                        int(page), hidden)
+                                        int(page), hidden, deadline)
 
             try:
                 image = await render_bounded(render)
@@ -80,7 +80,7 @@ def page_image_view(tool):
                 raise RequestRejected(503, "server_busy", str(exc)) from None
         except Exception as exc:
             error = map_exception(exc)
-            if error.status == 500:  # a defect (or a PDF pdfium cannot read): server log only
+            if error.status == 500:  # a defect: server log only (pdfium failing is a 404)
                 log.error("request %s: page image failed", ctx.request_id, exc_info=exc)
             log_call(ctx, ASSET_NAME, error.status, started)
             return await _error_response(datasette, request, ctx, error)
