@@ -390,7 +390,8 @@ def test_keyword_scores_do_not_depend_on_hidden_documents(tmp_path):
 
 def test_an_access_list_in_a_directory_that_cannot_be_listed_still_applies(tmp_path, monkeypatch):
     # A directory may be searchable but not listable (mode 711). The tests run as root, who
-    # lists everything, so the refusal is simulated; the file itself is real.
+    # lists everything, so the refusal is simulated; the file itself is real. Directories are
+    # listed by descriptor (safe_read.py): the fake names one by its /proc link.
     corpus = tmp_path / "corpus"
     (corpus / "hr" / "sub").mkdir(parents=True)
     (corpus / "hr" / ".groundkit-acl.json").write_text(json.dumps({"groups": ["hr"]}))
@@ -400,7 +401,8 @@ def test_an_access_list_in_a_directory_that_cannot_be_listed_still_applies(tmp_p
     real_listdir = os.listdir
 
     def listdir(path):
-        if os.path.basename(path) in ("hr", "sub"):
+        name = os.readlink(f"/proc/self/fd/{path}") if isinstance(path, int) else path
+        if os.path.basename(name) in ("hr", "sub"):
             raise PermissionError(13, "Permission denied")
         return real_listdir(path)
 
@@ -434,3 +436,63 @@ async def test_a_published_collection_behind_tokens_end_to_end(built):
                               headers={"content-type": "application/json",
                                        "authorization": "Bearer alice-token-0123"})
         assert [h["source"] for h in r.json()["hits"]] == ["secret.md"]
+
+
+DEEP = 30_000  # levels of nesting: 60 KB, under the 64 KiB bounds on list files and front matter
+
+
+def test_access_lists_nested_too_deep_deny_the_document_and_the_run_goes_on(tmp_path, caplog):
+    """A sidecar, a directory file or front matter nested 30,000 levels deep is an invalid
+    list (readable by no one, reported), not a RecursionError ending the run; front matter that
+    does not parse and does not mention groundkit_acl is no front matter."""
+    deep_json = "[" * DEEP + "]" * DEEP
+    assert len(deep_json) < 64 * 1024
+    corpus = tmp_path / "c"
+    (corpus / "deepdir").mkdir(parents=True)
+    (corpus / "side.txt").write_text("sidecar document\n")
+    (corpus / "side.txt.acl.json").write_text(deep_json)
+    (corpus / "deepdir" / DIRECTORY).write_text('{"users": ' + deep_json + "}")
+    (corpus / "deepdir" / "in-dir.txt").write_text("directory document\n")
+    (corpus / "front.md").write_text(f"---\ngroundkit_acl: {deep_json}\n---\n# Front\n\nbody\n")
+    (corpus / "mapping.md").write_text(
+        "---\ngroundkit_acl:\n  users: " + "{a: " * 12_000 + "1" + "}" * 12_000 + "\n---\nbody\n")
+    (corpus / "title.md").write_text(f"---\ntitle: {deep_json}\n---\nuntitled body\n")
+    (corpus / "date.md").write_text("---\ndate: 2024-13-45\n---\nbody with a bad date\n")
+    (corpus / "date-acl.md").write_text("---\ndate: 2024-13-45\ngroundkit_acl: {users: [ann]}\n---\nb\n")
+    (corpus / "public.txt").write_text("public document\n")
+    with caplog.at_level(logging.WARNING):
+        report = ingest([corpus], collection="deep", index_dir=tmp_path / "i", embedder="none")
+    assert report.published and report.failed == 0
+    assert acls(tmp_path / "i", "deep") == {
+        "side.txt": DENY_ALL, "deepdir/in-dir.txt": DENY_ALL, "front.md": DENY_ALL,
+        "mapping.md": DENY_ALL, "date-acl.md": DENY_ALL,
+        "title.md": None, "date.md": None, "public.txt": None,
+    }
+    refused = {r.getMessage().split(":")[0] for r in caplog.records if "access list refused" in r.getMessage()}
+    assert refused == {"side.txt", "deepdir/in-dir.txt", "front.md", "mapping.md", "date-acl.md"}
+    assert any("nested too deeply" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if "RecursionError" in r.getMessage()]
+
+
+def test_deep_nesting_over_the_cli_publishes_the_rest(tmp_path):
+    """The same files through ``groundkit ingest`` with enough documents for the forked map
+    stage: exit 0, no traceback, every other document published."""
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    deep_json = "[" * DEEP + "]" * DEEP
+    (corpus / "side.txt").write_text("sidecar document\n")
+    (corpus / "side.txt.acl.json").write_text(deep_json)
+    (corpus / "front.md").write_text(f"---\ngroundkit_acl: {deep_json}\n---\n# Front\n\nbody\n")
+    for i in range(80):
+        (corpus / f"doc{i:02d}.txt").write_text(f"ordinary document {i}\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "groundkit_datasette.cli", "ingest", str(corpus), "-c", "deep",
+         "--index-dir", str(tmp_path / "i"), "--embedder", "none"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr and "RecursionError" not in result.stderr
+    found = acls(tmp_path / "i", "deep")
+    assert len(found) == 82 and found["side.txt"] == found["front.md"] == DENY_ALL

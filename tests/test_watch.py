@@ -252,3 +252,44 @@ def test_watch_refuses_a_missing_path(tmp_path):
     assert result.returncode == 2
     assert "path does not exist" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def published_text(index: Path) -> str:
+    conn = sqlite3.connect(f"file:{index / 'docs.sqlite3'}?mode=ro", uri=True)
+    try:
+        return "\n".join(r[0] for r in conn.execute("SELECT content FROM chunks"))
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("replacement", ["link", "directory"])
+def test_the_base_replaced_stops_the_watcher_without_ingesting_elsewhere(
+        tmp_path, watcher_factory, replacement):
+    """The watched base is pinned at the start (adr/0049): replaced by a link to another folder,
+    or by another directory, the watcher says so and exits 1; nothing of the other folder is
+    ever published, and the lock and private copy are cleaned up."""
+    root = tmp_path / "corpus"
+    root.mkdir()
+    (root / "a.txt").write_text("Anemometers measure wind speed.\n")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "foreign.txt").write_text("zyxforeign text from another folder\n")
+    w = watcher_factory(root)
+    w.wait(lambda g, s: s == {"a.txt"}, "the initial ingest")
+
+    root.rename(tmp_path / "corpus-moved")
+    if replacement == "link":
+        root.symlink_to(other, target_is_directory=True)
+    else:
+        other.rename(root)
+    try:
+        code = w.proc.wait(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the watcher went on after its base was replaced: " + w.output())
+    out = w.output()
+    assert code == 1, out
+    assert "is no longer the directory the watch started on" in out
+    assert "Traceback" not in out
+    _generation, sources = read_state(w.index)
+    assert "foreign.txt" not in sources and "zyxforeign" not in published_text(w.index)
+    assert_clean(w.index)

@@ -15,8 +15,9 @@ Where ingest finds a document's list (most specific wins, nothing is merged):
 3. the nearest ``.groundkit-acl.json`` in the document's directory or a parent,
    up to the ingest's base directory.
 
-A list that cannot be read or does not validate makes the document readable by
-no one (fail closed), with a warning in the ingest log.
+A list that cannot be read, cannot be parsed (nested too deep included) or does not
+validate makes the document readable by no one (fail closed), with a warning in the
+ingest log; the run goes on.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import posixpath
 import sqlite3
-from pathlib import Path
+
+from .safe_read import NOT_FOUND, NOT_REGULAR, OUTSIDE, TOO_LARGE, Base, Refused
 
 
 log = logging.getLogger(__name__)
@@ -62,7 +65,10 @@ def normalize(value) -> str:
 
 
 def front_matter(text: str) -> dict | None:
-    """The YAML front matter of a Markdown text as a mapping, or None when there is none."""
+    """The YAML front matter of a Markdown text as a mapping, or None when there is none.
+
+    Front matter that does not parse (not YAML, nested too deep for the parser, a date that
+    is no date) is no front matter, unless it mentions groundkit_acl: then InvalidACL."""
     if not text.startswith("---"):
         return None
     lines = text[:MAX_FRONT_MATTER_CHARS].split("\n")
@@ -78,72 +84,90 @@ def front_matter(text: str) -> dict | None:
 
     try:
         data = yaml.safe_load(block)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError, ValueError, TypeError, OverflowError) as exc:
+        # RecursionError: the composer recurses once per level of nesting; ValueError: a
+        # timestamp such as 2024-13-45 that datetime refuses.
         if FRONT_MATTER_KEY in block:
-            raise InvalidACL("front matter with groundkit_acl is not valid YAML") from None
+            raise InvalidACL(f"front matter with groundkit_acl {_unparsed(exc, 'valid YAML')}") from None
         return None
     return data if isinstance(data, dict) else None
+
+
+def _unparsed(exc: BaseException, what: str) -> str:
+    if isinstance(exc, RecursionError):
+        return "is nested too deeply"
+    return f"is not {what}"
 
 
 _UNLISTABLE = frozenset({"\0"})  # a name no directory can hold
 
 
 class ACLResolver:
-    """Access lists for the files of one ingest run under ``base``."""
+    """Access lists for the files of one ingest run under the pinned base directory ``tree``.
 
-    def __init__(self, base: Path):
-        self.base = Path(base).resolve()
+    Every list file is read through ``tree`` (collection/safe_read.py): from the base's
+    descriptor, a link followed only to a regular file inside the base, at most
+    MAX_ACL_BYTES."""
+
+    def __init__(self, tree: Base):
+        self.tree = tree
         self._directories: dict[str, tuple[str | None, str | None]] = {}
         self._listings: dict[str, frozenset[str]] = {}
 
-    def _present(self, path: Path) -> bool:
+    def _present(self, rel: str) -> bool:
         # One listing per directory instead of two stats per document (the tree is not
         # expected to change during a run; a file that vanishes reads as unreadable).
-        directory, name = os.path.split(path)
+        directory, name = posixpath.split(rel)
         listing = self._listings.get(directory)
         if listing is None:
             try:
-                listing = frozenset(os.listdir(directory))
-            except OSError:  # e.g. searchable but not listable: ask about the file itself
+                listing = frozenset(self.tree.listdir(directory))
+            except (OSError, Refused):  # e.g. searchable but not listable: ask about the file
                 listing = _UNLISTABLE
             self._listings[directory] = listing
         if listing is _UNLISTABLE:
-            return os.path.lexists(path)
+            try:
+                self.tree.lstat(rel)
+            except Refused as refused:
+                return refused.reason != NOT_FOUND
+            return True
         return name in listing
 
-    def _read_file(self, path: str | Path) -> str | None:
-        """The normalized list in an ACL file, None if absent; InvalidACL if unusable."""
-        if not self._present(path):
+    def _read_file(self, rel: str) -> str | None:
+        """The normalized list in the ACL file ``rel``, None if absent; InvalidACL if unusable."""
+        if not self._present(rel):
             return None
-        real = Path(path).resolve()
-        if real != self.base and self.base not in real.parents:
-            raise InvalidACL("access-list file leads outside the base directory")
         try:
-            data = real.read_bytes()[: MAX_ACL_BYTES + 1]
-        except OSError:
-            raise InvalidACL("access-list file is unreadable") from None
-        if len(data) > MAX_ACL_BYTES:
-            raise InvalidACL("access-list file is too large")
+            data, _info = self.tree.read(rel, MAX_ACL_BYTES)
+        except Refused as refused:
+            raise InvalidACL(_REFUSED.get(refused.reason, "access-list file is unreadable")) from None
         try:
             value = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError):
-            raise InvalidACL("access-list file is not JSON") from None
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            raise InvalidACL(f"access-list file {_unparsed(exc, 'JSON')}") from None
         return normalize(value)
 
     def _directory(self, directory: str) -> tuple[str | None, str | None]:
-        """(list, error) from the nearest directory file at or above ``directory``."""
-        found = self._directories.get(directory)
-        if found is not None:
-            return found
-        path = Path(directory)
-        try:
-            result = (self._read_file(path / DIRECTORY_FILE), None)
-        except InvalidACL as exc:
-            result = (None, f"{(path / DIRECTORY_FILE).relative_to(self.base)}: {exc}")
-        if result == (None, None) and path != self.base and self.base in path.parents:
-            result = self._directory(str(path.parent))
-        self._directories[directory] = result
-        return result
+        """(list, error) from the nearest directory file at or above ``directory`` (relative
+        to the base; "" is the base). A loop, not a recursion: a tree may be deeper than
+        Python's recursion limit."""
+        chain = []
+        while True:
+            found = self._directories.get(directory)
+            if found is not None:
+                break
+            chain.append(directory)
+            rel = posixpath.join(directory, DIRECTORY_FILE)
+            try:
+                found = (self._read_file(rel), None)
+            except InvalidACL as exc:
+                found = (None, f"{rel}: {exc}")
+            if found != (None, None) or not directory:
+                break
+            directory = posixpath.dirname(directory)
+        for d in chain:
+            self._directories[d] = found
+        return found
 
     def for_document(self, source: str, data: bytes) -> str | None:
         """The document's canonical access list (None: unrestricted). Never raises."""
@@ -153,17 +177,27 @@ class ACLResolver:
                 matter = front_matter(head.lstrip("\ufeff"))
                 if matter is not None and FRONT_MATTER_KEY in matter:
                     return normalize(matter[FRONT_MATTER_KEY])
-            path = os.path.join(self.base, source)
-            sidecar = self._read_file(path + SIDECAR_SUFFIX)  # a str: no Path per document
+            sidecar = self._read_file(source + SIDECAR_SUFFIX)
             if sidecar is not None:
                 return sidecar
-            acl, error = self._directory(os.path.dirname(path))
+            acl, error = self._directory(posixpath.dirname(source))
             if error is not None:
                 raise InvalidACL(error)
             return acl
         except InvalidACL as exc:
             log.warning("%s: access list refused (%s); the document is readable by no one", source, exc)
             return DENY_ALL
+        except Exception as exc:  # fail closed on anything unforeseen, and go on with the run
+            log.error("%s: access list could not be read (%s); the document is readable by no one",
+                      source, type(exc).__name__)
+            return DENY_ALL
+
+
+_REFUSED = {
+    OUTSIDE: "access-list file leads outside the base directory",
+    TOO_LARGE: "access-list file is too large",
+    NOT_REGULAR: "access-list file is not a regular file",
+}
 
 
 # -- serving needs to know: is this version protected? ----------------------------------

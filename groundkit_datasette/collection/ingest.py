@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 
-from . import forked_map, terms as bm25_index
+from . import forked_map, safe_read, terms as bm25_index
 from .access_lists import ACLResolver
 from .chunking import chunk_text
 from ..errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
-from .extract import Skipped, extract_bytes, page_for_offset
+from .extract import MAX_FILE_BYTES, Skipped, extract_bytes, page_for_offset
 from ..plugins import DEFAULT_EMBEDDER
 from .names import lance_path, sqlite_path, validate_name
 from .schema import (add_cjk_tables, add_encoding_column, add_stat_columns, check_stamp, create_schema, index_new_chunks,
@@ -175,6 +175,7 @@ class _Job:
     mtime_ns: int | None = None
     work: bool = False  # extraction, chunking and embedding needed
     unreadable: bool = False
+    refused: str | None = None  # why an unreadable file was not read (safe_read's reason)
 
 
 @dataclass
@@ -234,24 +235,35 @@ def local_map(jobs, indexer, vectors):
         yield job, (indexer.prepare(job) if job.work else None)
 
 
-def _read_job(source: str, real, existing: dict, acls, rechunk: bool) -> _Job:
-    """One file read, hashed and compared with the collection's record of it."""
+def _read_job(source: str, real: str, existing: dict, acls, rechunk: bool) -> _Job:
+    """One file read, hashed and compared with the collection's record of it.
+
+    ``real`` is the file's path relative to the base (a link's resolved target), opened from
+    the base's descriptor (safe_read.py): whatever the walk saw, a link to outside the base, a
+    FIFO or a device now at that name is refused, and no more than MAX_FILE_BYTES is read."""
     try:
-        with open(real, "rb") as f:
-            data = f.read()
-            try:  # the file just read, not whatever the path names by now
-                info = os.fstat(f.fileno())
-                size, mtime_ns = info.st_size, info.st_mtime_ns
-            except OSError:
-                size = mtime_ns = None
-    except OSError as exc:
-        log.warning("cannot read %s: %s", source, exc.strerror)
-        return _Job(source, None, unreadable=True)
+        data, info = acls.tree.read(real, MAX_FILE_BYTES)
+    except safe_read.Refused as refused:
+        log.warning("not read: %s (%s)", source, refused.reason)
+        reason = "unreadable" if refused.reason == safe_read.NOT_FOUND else refused.reason
+        return _Job(source, None, unreadable=True, refused=reason)
+    size, mtime_ns = info.st_size, info.st_mtime_ns  # the file just read, not the name now
     file_hash = _sha(data)
     acl = acls.for_document(source, data)
     prior = existing.get(source)
     work = not (prior and not rechunk and prior[1] == file_hash)
     return _Job(source, data if work else None, file_hash, acl, prior, size, mtime_ns, work)
+
+
+def _entry_kind(entry: os.DirEntry) -> str:
+    try:
+        if entry.is_symlink():
+            return "link"
+        if entry.is_dir(follow_symlinks=False):
+            return "dir"
+        return "file" if entry.is_file(follow_symlinks=False) else "other"
+    except OSError:  # vanished since listed: read as unreadable
+        return "file"
 
 
 def _vectors_for(embedder, pending, ids, texts):
@@ -451,7 +463,10 @@ class Indexer:
     def path(self) -> Path:
         return sqlite_path(self.index_dir, self.name)
 
-    def _resolve_inputs(self, paths, missing_ok: bool = False) -> tuple[Path, list[Path]]:
+    def _resolve_inputs(self, paths, missing_ok: bool = False,
+                        pinned: "safe_read.Base | None" = None) -> tuple[Path, list[Path]]:
+        """The base directory and the roots, resolved. A ``pinned`` base (watch mode) is not
+        resolved again: its path is the one resolved when it was opened."""
         if not paths:
             raise InvalidRequest("give at least one file or directory to ingest")
         resolved = []
@@ -460,7 +475,9 @@ class Indexer:
             if not missing_ok and not rp.exists():
                 raise InvalidRequest(f"path does not exist: {p}")
             resolved.append(rp)
-        if self.base_dir is not None:
+        if pinned is not None:
+            base = Path(pinned.path)
+        elif self.base_dir is not None:
             base = self.base_dir.resolve()
         else:
             common = Path(os.path.commonpath([str(p) for p in resolved]))
@@ -475,76 +492,106 @@ class Indexer:
         match = self._exclude_pattern.match
         return match(name) is not None or match(rel) is not None
 
-    def _walk(self, base: Path, root: Path, report: IngestReport):
-        """Yield ``(source, real_path)`` for files under ``root`` that stay inside ``base``.
+    def _walk(self, tree: "safe_read.Base", root: Path, report: IngestReport):
+        """Yield ``(source, real)`` for files under ``root`` that stay inside the base ``tree``:
+        ``real`` is what to open, relative to the base (a link's resolved target).
 
+        Directories are listed from the base's descriptor, never by a path (safe_read.py), and
+        one at a time from a stack: a tree deeper than Python's recursion limit is walked too.
         Order is deterministic: a directory's files by name, then its subdirectories by name.
         """
+        base = Path(tree.path)
 
-        def symlink(path: Path, rel: str):
-            target = path.resolve()
-            if target != base and base not in target.parents:
+        def symlink(rel: str):
+            try:
+                target = tree.resolve(rel)
+            except safe_read.Refused:
                 report.skip(rel, "symlink outside base directory")
                 log.warning("refused symlink leaving the base directory: %s", rel)
                 return None
             try:
-                mode = target.stat().st_mode
-            except OSError:
+                mode = tree.lstat(target).st_mode
+            except safe_read.Refused:
                 return rel, target  # dangling: reported as unreadable when read
             if stat.S_ISDIR(mode):
                 report.skip(rel, "symlinked directory not followed")
                 return None
-            if not stat.S_ISREG(mode):  # a FIFO would block the read
+            if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):  # a FIFO would block the read
                 report.skip(rel, "not a regular file")
                 return None
-            return rel, target
+            return rel, target  # a link still (a loop): reported when read
 
         # Roots come resolved (_resolve_inputs): never a symlink themselves.
-        rel_root = root.relative_to(base).as_posix() if root != base else root.name
-        if root.is_file():
+        rel_root = root.relative_to(base).as_posix() if root != base else ""
+        try:
+            mode = tree.lstat(rel_root).st_mode
+        except safe_read.Refused:
+            mode = 0
+        if stat.S_ISREG(mode):
             if not self._excluded(rel_root):
-                yield rel_root, root
+                yield rel_root, rel_root
             return
-        if not root.is_dir():
-            report.skip(rel_root, "not a regular file")
+        if not stat.S_ISDIR(mode):
+            report.skip(rel_root or root.name, "not a regular file")
             return
 
-        def visit(directory: str, prefix: str):
-            # os.scandir: file types come with the directory listing, no stat per file.
+        stack = [rel_root]
+        while stack:
+            directory = stack.pop()
+            prefix = directory + "/" if directory else ""
+            # os.scandir: file types come with the directory listing, no stat per file (asked
+            # while the descriptor is open: where the listing has no types, they are statted).
             try:
-                with os.scandir(directory) as it:
-                    entries = sorted(it, key=lambda e: e.name)
-            except OSError as exc:  # one unreadable directory must not end the run
-                report.skip(prefix.rstrip("/") or ".", "unreadable directory")
-                log.warning("cannot list %s: %s", prefix.rstrip("/") or ".", exc.strerror)
-                return
+                fd = tree.open_dir(directory)
+                try:
+                    with os.scandir(fd) as it:
+                        entries = sorted((e.name, _entry_kind(e)) for e in it)
+                finally:
+                    os.close(fd)
+            except (OSError, safe_read.Refused) as exc:  # one unreadable directory must not end the run
+                report.skip(directory or ".", "unreadable directory")
+                log.warning("cannot list %s: %s", directory or ".",
+                            getattr(exc, "strerror", None) or getattr(exc, "reason", exc))
+                continue
             subdirs = []
-            for entry in entries:
-                rel = prefix + entry.name
+            for name, kind in entries:
+                rel = prefix + name
                 if self._excluded(rel):
                     continue
-                if entry.is_symlink():
-                    item = symlink(Path(entry.path), rel)
+                if kind == "link":
+                    item = symlink(rel)
                     if item:
                         yield item
-                elif entry.is_dir():
-                    subdirs.append((entry.path, rel + "/"))
-                elif entry.is_file():
-                    yield rel, entry.path  # opened, nothing else: no Path per file
+                elif kind == "dir":
+                    subdirs.append(rel)
+                elif kind == "file":
+                    yield rel, rel
                 else:
                     report.skip(rel, "not a regular file")
-            for path, sub_prefix in subdirs:
-                yield from visit(path, sub_prefix)
-
-        yield from visit(str(root), "" if root == base else rel_root + "/")
+            stack.extend(reversed(subdirs))
 
     # -- the run -----------------------------------------------------------
 
-    def ingest(self, paths, *, missing_ok: bool = False) -> IngestReport:
+    def ingest(self, paths, *, missing_ok: bool = False,
+               pinned: "safe_read.Base | None" = None) -> IngestReport:
         """``missing_ok``: a path that no longer exists is a root with nothing in it, so the
-        documents under it are removed (watch mode, when a watched directory is renamed away)."""
+        documents under it are removed (watch mode, when a watched directory is renamed away).
+
+        The base directory is resolved and opened once for the run (safe_read.Base), and every
+        directory and file under it is reached from that descriptor; ``pinned``: one opened
+        by the caller (watch mode, for all its batches)."""
         started = time.perf_counter()
-        base, roots = self._resolve_inputs(paths, missing_ok)
+        base, roots = self._resolve_inputs(paths, missing_ok, pinned)
+        if pinned is not None:
+            return self._ingest(pinned, base, roots, started)
+        try:
+            tree = safe_read.Base(base)
+        except OSError as exc:
+            raise InvalidRequest(f"base directory cannot be opened: {base} ({exc.strerror})") from None
+        with tree:
+            return self._ingest(tree, base, roots, started)
+
+    def _ingest(self, tree: "safe_read.Base", base: Path, roots: list[Path], started: float) -> IngestReport:
         self._choose_modes()
         if not self.index_dir.exists():
             # Only a directory ingest creates is made private: an existing one is the user's.
@@ -571,7 +618,7 @@ class Indexer:
                     # One transaction for the run (the copy is private): per-document commits
                     # would make FTS5 write and merge a segment per document.
                     conn.execute("BEGIN")
-                    changed, vectors = self._run(conn, base, roots, report)
+                    changed, vectors = self._run(conn, base, roots, report, tree)
                     self._mark("documents")
                     if changed:
                         self._finish(conn, vectors)
@@ -822,7 +869,7 @@ class Indexer:
             backfill = True  # a BM25-only collection gains vectors for every chunk
         return embedder, backfill
 
-    def _run(self, conn, base: Path, roots: list[Path], report: IngestReport) -> bool:
+    def _run(self, conn, base: Path, roots: list[Path], report: IngestReport, tree: "safe_read.Base") -> bool:
         manifest = read_manifest(conn)
         embedder, backfill = self._bind_embedder(conn, manifest)
         chunker = self.chunker_entry()
@@ -847,7 +894,7 @@ class Indexer:
             vectors is not None and vectors.table is not None and manifest.get("lance_version")
             and not rechunk
             and vectors.start_rows == conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
-        acls = ACLResolver(base)
+        acls = ACLResolver(tree)  # also the files' reader (_read_job): one pinned base
         terms = bm25_index.TermTable(conn)
         if manifest.get("tokenizer") != bm25_index.TOKENIZER and terms.has_cjk_terms():
             rechunk = True  # CJK text was indexed as whole runs: tokenize it again as bigrams
@@ -903,7 +950,7 @@ class Indexer:
         gone = {r for r in unique_roots if not r.exists()}  # only with ingest(missing_ok=True)
         walked = [r for r in unique_roots
                   if r not in gone and not any(p in dir_roots for p in r.parents)]
-        files = list({item[0]: item for root in walked for item in self._walk(base, root, report)}.values())
+        files = list({item[0]: item for root in walked for item in self._walk(tree, root, report)}.values())
         # Prune documents whose files are gone from a directory root given in this run.
         prefixes = tuple("" if root == base else root.relative_to(base).as_posix() + "/"
                          for root in dir_roots | gone)
@@ -912,7 +959,7 @@ class Indexer:
         self.progress({"event": "start", "total": len(files)})
         for job, result in self._map(files, seen, existing, acls, rechunk, vectors, report):
             if job.unreadable:
-                report.skip(job.source, "unreadable")
+                report.skip(job.source, job.refused or "unreadable")
                 continue
             prior = job.prior
             if not job.work:
@@ -987,6 +1034,7 @@ class Indexer:
         report.map_stage = "forked"
 
         def work(items):  # in a child
+            acls.tree.reopen()  # the child closed the base's descriptor with the others
             out = []
             for source, real in items:
                 job = _read_job(source, real, existing, acls, rechunk)

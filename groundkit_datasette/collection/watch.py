@@ -7,9 +7,13 @@ one new generation. Events only say *when* to look, never *what* changed, so a l
 coalesced event (a burst of thousands, an inotify queue overflow, a directory renamed)
 cannot leave the collection out of step with the disk once the next batch has run.
 
-A watched path that disappears (renamed away, deleted) is a root with nothing in it: its
-documents are removed, and the path is picked up again if it comes back. SIGINT and
-SIGTERM stop the loop; a batch in progress is abandoned the way ingest abandons any run
+The base directory is pinned at the start: opened once and held (safe_read.Base), every batch
+reads through that descriptor, and its device and inode are compared with what its path names
+on every wake. A path that now names something else (another directory, a link, even one to
+the same directory) stops the watcher with :class:`BaseReplaced` instead of ingesting
+elsewhere (adr/0049). A watched path that disappears (renamed away, deleted) is a root with
+nothing in it: its documents are removed, and the path is picked up again if it comes back
+(the base only as the same directory). SIGINT and SIGTERM stop the loop; a batch in progress is abandoned the way ingest abandons any run
 (its private copy removed, the lock released), so the published collection is never
 half-written. See adr/0021-watch-mode.md.
 """
@@ -23,10 +27,11 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..errors import GroundkitError
+from ..errors import GroundkitError, IngestError, InvalidRequest
+from . import safe_read
 from .ingest import Indexer, IngestReport
 
-__all__ = ["DEFAULT_DEBOUNCE_MS", "watch"]
+__all__ = ["DEFAULT_DEBOUNCE_MS", "BaseReplaced", "watch"]
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +42,12 @@ DEBOUNCE_CAP_FACTOR = 10
 # How often the loop wakes without events: to retry a failed batch and to notice a vanished
 # path coming back.
 WAKE_MS = 1000
+
+
+class BaseReplaced(IngestError):
+    """The watched base directory's path names another directory (or a link) than at start."""
+
+    kind = "base_replaced"
 
 
 class _Stop(BaseException):
@@ -56,11 +67,22 @@ def watch(
     ``on_batch(number, changes, report)`` is told about the first ingest (number 0) and every
     batch that had events or published; by default a progress line goes to ``echo``. Returns the number of batches run. Errors
     from the first ingest (a bad path, a busy collection) propagate: nothing is watched.
+    :class:`BaseReplaced` ends the watch when the base's path names another directory.
     """
-    import watchfiles
-
     base, roots = indexer._resolve_inputs(list(paths))
     indexer.base_dir = base  # sources keep their names when a watched path vanishes
+    try:
+        tree = safe_read.Base(base)  # pinned for the whole watch (resolved this once)
+    except OSError as exc:
+        raise InvalidRequest(f"base directory cannot be opened: {base} ({exc.strerror})") from None
+    with tree:
+        return _watch(indexer, tree, base, roots, debounce_ms, on_batch, echo)
+
+
+def _watch(indexer: Indexer, tree: safe_read.Base, base: Path, roots: list[Path], debounce_ms: int,
+           on_batch, echo) -> int:
+    import watchfiles
+
     index_dir = indexer.index_dir.resolve()
     on_batch = on_batch or (lambda n, changes, report: echo(_batch_line(n, changes, report)))
     stop = threading.Event()
@@ -81,12 +103,20 @@ def watch(
             return False
         return not any(indexer._excluded("/".join(parts[: i + 1])) for i in range(len(parts)))
 
+    def check_base() -> None:
+        if tree.replaced():
+            raise BaseReplaced(
+                f"the watched base directory {base} is no longer the directory the watch "
+                "started on (replaced by another directory or a link); stopping without "
+                "ingesting from it")
+
     def run_batch(number: int, changes: int) -> bool:
+        check_base()
         state["in_batch"] = True
         try:
             if stop.is_set():
                 return True
-            report = indexer.ingest([str(r) for r in roots], missing_ok=True)
+            report = indexer.ingest([str(r) for r in roots], missing_ok=True, pinned=tree)
         except GroundkitError as error:
             state["in_batch"] = False
             echo(f"batch {number}: not published ({error}); retrying")
@@ -103,7 +133,7 @@ def watch(
     try:
         state["in_batch"] = True
         try:
-            report = indexer.ingest([str(r) for r in roots])  # the paths must exist at the start
+            report = indexer.ingest([str(r) for r in roots], pinned=tree)  # the paths must exist at the start
         finally:
             state["in_batch"] = False
         on_batch(0, 0, report)
@@ -115,6 +145,7 @@ def watch(
         echo(f"watching {len(present)} path(s) for changes (debounce {debounce_ms} ms); "
              "Ctrl-C to stop")
         while not stop.is_set():
+            check_base()
             if not present:  # nothing to watch until a path comes back
                 if pending:  # the documents of the paths that went
                     pending = not run_batch(batches, 0)
@@ -131,6 +162,7 @@ def watch(
                 ):
                     if stop.is_set():
                         break
+                    check_base()  # on every wake, events or not (at least every WAKE_MS)
                     now = _present(roots)
                     for gone in sorted(set(present) - set(now)):
                         echo(f"gone: {gone} (its documents are removed)")
