@@ -226,13 +226,16 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
 
 
 def _watch(indexer, paths, debounce: int, as_json: bool) -> None:
-    from .collection.watch import watch
+    from .collection.watch import BaseReplaced, watch
 
     def as_json_line(number, changes, report):
         click.echo(json.dumps({"batch": number, "changes": changes, **report.as_dict()}))
 
-    watch(indexer, paths, debounce_ms=debounce, echo=click.echo,
-          on_batch=as_json_line if as_json else None)
+    try:
+        watch(indexer, paths, debounce_ms=debounce, echo=click.echo,
+              on_batch=as_json_line if as_json else None)
+    except BaseReplaced as error:  # not a usage error: the watch ran, then had to stop
+        _fail(error, EXIT_ERROR)
 
 
 def _print_ingest_summary(report, path: Path, list_all: bool) -> None:

@@ -14,9 +14,9 @@ request's own source and content through unchecked.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path, PurePosixPath
 
+from ..collection import safe_read
 from .models import Relocation, Verification
 from .stale import StaleCheck, _plain_relative, sources_changed  # noqa: F401 (StaleCheck, sources_changed: exported)
 
@@ -132,48 +132,31 @@ def _inside(path: Path, base: Path) -> bool:
 
 
 def _read_bounded(path: Path, real_base: Path) -> bytes:
-    # O_NOFOLLOW: the path was just resolved, so a link here appeared since.
-    # O_NONBLOCK: opening a FIFO must not hang the server.
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
+    """The file ``path`` (just resolved inside ``real_base``) read by ingest's rule
+    (collection/safe_read.py): reached from a descriptor of the base with no link followed
+    (a link here appeared since the resolution), opened without blocking (a FIFO must not
+    hang the server), a regular file by ``fstat``, at most MAX_FILE_BYTES."""
     try:
-        fd = os.open(path, flags)
-    except (FileNotFoundError, NotADirectoryError):
-        raise _Unresolvable(_NOT_FOUND) from None
-    except OSError:
+        with safe_read.Base(real_base) as tree:
+            fd, info = tree.open(path.relative_to(real_base).as_posix(), follow=False)
+            try:
+                _check_opened_inside(fd, real_base)
+                return safe_read.read_fd(fd, info, MAX_FILE_BYTES)
+            finally:
+                os.close(fd)
+    except safe_read.Refused as refused:
+        raise _Unresolvable(_REFUSED.get(refused.reason, _UNREADABLE)) from None
+    except OSError:  # the base itself could not be opened again
         raise _Unresolvable(_UNREADABLE) from None
-    try:
-        try:
-            info = os.fstat(fd)
-        except OSError:
-            raise _Unresolvable(_UNREADABLE) from None
-        if not stat.S_ISREG(info.st_mode):
-            raise _Unresolvable(_UNREADABLE)
-        if info.st_size > MAX_FILE_BYTES:
-            raise _Unresolvable(_TOO_LARGE)
-        _check_opened_inside(fd, real_base)
-        try:
-            with os.fdopen(fd, "rb", closefd=False) as f:
-                data = f.read(MAX_FILE_BYTES + 1)  # the file may have grown since fstat
-        except OSError:
-            raise _Unresolvable(_UNREADABLE) from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_FILE_BYTES:
-        raise _Unresolvable(_TOO_LARGE)
-    return data
+
+
+_REFUSED = {safe_read.NOT_FOUND: _NOT_FOUND, safe_read.TOO_LARGE: _TOO_LARGE}
 
 
 def _check_opened_inside(fd: int, real_base: Path) -> None:
-    """Where /proc exists, confirm the file actually opened is under the base.
-
-    Closes the window in which a directory on the resolved path is swapped
-    for a link between resolving and opening.
-    """
-    try:
-        opened = os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return  # no procfs: the resolve-time check stands alone
-    if not _inside(Path(opened), real_base):
+    """Where /proc exists, confirm the file actually opened is under the base: a second
+    check behind the link-free open (the base itself renamed or re-linked meanwhile)."""
+    if safe_read.opened_inside(fd, real_base) is False:
         raise _Unresolvable(_OUTSIDE)
 
 
