@@ -107,20 +107,21 @@ def test_matched_terms_equals_membership_in_the_postings(corpus):
 
 
 def test_a_reader_with_hidden_documents_ranks_as_the_plain_computation(corpus):
-    """The hidden path recounts IDF (bm25.score) and then shares the ordering step with the
-    fast path: its hits equal every visible chunk's score sorted by (-score, tie rank)."""
+    """The hidden path scores on the reader's view (bm25.score over bm25.ReaderView) and
+    then shares the ordering step with the fast path: its hits equal every visible chunk's
+    score sorted by (-score, tie rank)."""
     with Collection.open("paths", index_dir=corpus) as col:
         view = ScopedCollection(col, Reader(None, frozenset()))
         hidden = {r[0] for r in col.query(
             "SELECT c.id FROM chunks c JOIN documents d USING (document_id) "
             "WHERE d.source LIKE 'hr/%'")}
         assert hidden
-        hidden_rows = np.array(sorted(hidden), dtype=np.int64)
-        total = col.query("SELECT count(*) FROM chunks")[0][0]
+        reader = rankers.reader_view(col, view.access().hidden_documents).prepare(col._conn)
+        assert set(reader.hidden_rows.tolist()) == hidden
         ranks = col.tie_ranks()
         chunk_of = dict(col.query("SELECT id, chunk_id FROM chunks"))
         for query in QUERIES:
-            ids, scores = bm25.score(col._conn, query, None, hidden_rows, total)
+            ids, scores = bm25.score(col._conn, query, reader)
             plain = sorted(((-s, int(ranks[i]), int(i)) for i, s in zip(ids.tolist(), scores.tolist())
                             if i not in hidden))
             want = [(chunk_of[i], -s) for s, _r, i in plain[:10]]

@@ -128,7 +128,7 @@ class VectorSearch:
             return []
         q = np.asarray(vector, dtype=np.float32)
         # Cosine similarity, as LanceDB's flat search scores it (1 - cosine distance).
-        scores = (matrix @ q) / (self._norms * max(float(np.linalg.norm(q)), 1e-12))
+        scores = dots(matrix, q) / (self._norms * max(float(np.linalg.norm(q)), 1e-12))
         rows = None
         if documents is not None:
             wanted = np.zeros(len(self._doc_code), dtype=bool)
@@ -800,8 +800,22 @@ class _Part:
         return np.flatnonzero(np.isin(self.docs, np.asarray(codes, dtype=self.docs.dtype)))
 
 
+_vecdot = getattr(np, "vecdot", None)  # numpy 2: one dot product per row
+
+
+def dots(vectors: np.ndarray, q: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Each row's dot product with ``q``, computed row by row (one vector dot product each,
+    numpy's einsum loop before numpy 2): a chunk's score then does not depend on where its
+    row sits or how many rows are searched. BLAS's matrix-vector product adds the rows at
+    the end of a block, or of a thread's share, in another order, which moved the last
+    bits of a readable chunk's score with the hidden rows around it (adr/0051)."""
+    if _vecdot is not None:
+        return _vecdot(vectors, q, out=out)
+    return np.einsum("ij,j->i", vectors, q, out=out)
+
+
 def _score(vectors, norms, q, qnorm):
-    return (vectors @ q) / (np.maximum(norms, 1e-12) * qnorm)
+    return dots(vectors, q) / (np.maximum(norms, 1e-12) * qnorm)
 
 
 class IndexSearch:
@@ -934,14 +948,14 @@ class IndexSearch:
                 sizes = ends - starts
                 total = int(sizes.sum())
                 # One matrix-vector product per list, written in place; rows and norms after.
-                dots = np.empty(total, dtype=np.float32)
+                scored = np.empty(total, dtype=np.float32)
                 at = 0
                 for a, b in zip(starts.tolist(), ends.tolist()):
                     if b > a:
-                        np.matmul(part.vectors[a:b], q, out=dots[at : at + b - a])
+                        dots(part.vectors[a:b], q, out=scored[at : at + b - a])
                         at += b - a
                 rows = np.repeat(starts - np.concatenate(([0], np.cumsum(sizes)[:-1])), sizes) + np.arange(total)
-                scores = dots / (np.maximum(part.norms[rows], 1e-12) * qnorm)
+                scores = scored / (np.maximum(part.norms[rows], 1e-12) * qnorm)
             else:
                 rows = np.arange(part.rows)
                 scores = _score(part.vectors, part.norms, q, qnorm)

@@ -1,10 +1,11 @@
 """BM25 scoring over the postings ingest stored (``collection/terms.py``, adr/0003):
-a query is a handful of indexed blob reads and a vector sum, with IDF redone per reader
-when access lists hide chunks.
+a query is a handful of indexed blob reads and a vector sum. A reader from whom access lists
+hide documents ranks over its own view of them (:class:`ReaderView`, adr/0051): postings of
+the chunks it may read, weighted with the statistics of those chunks alone.
 """
 
 import sqlite3
-from collections import Counter
+from collections import Counter, OrderedDict
 from functools import lru_cache
 from itertools import compress
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from ..collection.terms import (  # noqa: F401  (the reading side uses the writer's rules)
     B, DOCUMENT_MAP_ID, IDF_UNIT, K1, STOP_WORDS, TIE_ORDER_ID, TermTable, idf_of,
-    rebuild_postings, settings, tokenize,
+    rebuild_postings, settings, term_weights, tokenize,
 )
 from ..collection.terms import _CJK_CHAR, _stemmer, cjk_bigrams, words as _words
 
@@ -26,13 +27,13 @@ def _documents_of(ids: np.ndarray, documents: np.ndarray) -> np.ndarray:
 
 
 def without_hidden(postings, hidden: np.ndarray, total: int, documents: np.ndarray | None = None):
-    """Re-weight each term's postings as if the ``hidden`` chunk rows were not there.
+    """Re-weight each term's postings' IDF as if the ``hidden`` chunk rows were not there.
 
-    A reader's scores then depend on what it may read, not on how often a term
-    occurs in documents hidden from it. Only IDF is redone: the stored weights
-    keep the average chunk length of the whole collection. ``documents`` (the
-    document map, see :func:`document_map`) counts in documents, as the stored
-    weights do; without it (a file written before document IDF) in chunks.
+    Only for a file written before the document map (:class:`ReaderView` needs it), until
+    its next ingest: the average chunk length stays the whole collection's, and the
+    re-weighting is a float32 product, not the weights a collection of the readable
+    chunks alone would store. ``documents`` counts in documents, as the stored weights
+    do; without it in chunks.
     """
     if documents is None:
         visible = total - hidden.size
@@ -90,7 +91,8 @@ class Postings:
     top-k cut (:meth:`kth`), the ids as numpy's index type (:meth:`rows`) and the term's best
     chunks in rank order (:meth:`head`). Unpacks as ``ids, weights``."""
 
-    __slots__ = ("ids", "weights", "last", "_top", "_rows", "_head", "_set", "_bits", "_bound")
+    __slots__ = ("ids", "weights", "last", "_top", "_rows", "_head", "_set", "_bits", "_bound",
+                 "_tf")
     # How many of a term's largest weights are kept (sorted) for :meth:`kth`, and at least how
     # many of its chunks :meth:`head` keeps in rank order.
     TOP_KEPT = 128
@@ -105,6 +107,7 @@ class Postings:
         self._set = None
         self._bits = None
         self._bound = None
+        self._tf = None  # term frequencies (float64), derived by VersionStats.tf
 
     def __iter__(self):
         return iter((self.ids, self.weights))
@@ -261,8 +264,9 @@ def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
           hidden: np.ndarray | None = None, total: int | None = None):
     """Return ``(chunk row ids, scores)`` of every chunk matching any query term.
 
-    ``hidden`` (sorted chunk row ids a reader may not see) and ``total`` (chunks in the
-    collection) compute IDF over the rest; see :func:`without_hidden`.
+    ``cache`` may be a reader's :class:`ReaderView` (its chunks, its statistics). ``hidden``
+    (sorted chunk row ids a reader may not see) and ``total`` (chunks in the collection)
+    are the legacy re-weighting of :func:`without_hidden`, for files without a document map.
     """
     postings, repeats = _query_postings(conn, query, cache)
     if not postings:
@@ -488,6 +492,8 @@ def _buffers(cache: dict | None, size: int):
     """A zeroed float accumulator and a boolean mask of at least ``size`` slots, kept with
     the postings (callers hold the collection's lock) and left zeroed after each use."""
     key = ("accumulator",)  # never a term: terms are strings
+    if type(cache) is ReaderView:  # one accumulator per open collection, views included
+        cache = cache.base
     found = cache.get(key) if cache is not None else None
     if found is None or found[0].size < size:
         found = (np.zeros(size, dtype=np.float32), np.zeros(size, dtype=bool))
@@ -525,8 +531,9 @@ def _postings_of(conn: sqlite3.Connection, terms: list[str], cache: dict | None)
         return _fetch(conn, terms)
     missing = [t for t in terms if t not in cache]
     if missing:
-        found = _fetch(conn, missing)
-        if len(cache) > POSTINGS_CACHE_TERMS:
+        viewed = type(cache) is ReaderView
+        found = cache.derive(conn, missing) if viewed else _fetch(conn, missing)
+        if len(cache) > (ReaderView.TERMS if viewed else POSTINGS_CACHE_TERMS):
             kept = {t: cache[t] for t in terms if t in cache}
             cache.clear()
             cache.update(kept)
@@ -588,3 +595,206 @@ def term_rows(conn: sqlite3.Connection, query: str, cache: dict | None = None) -
     if not terms:
         return []
     return [found.ids for found in _postings_of(conn, terms, cache).values() if found is not None]
+
+
+# -- one reader's view: its chunks and their statistics (adr/0051) ---------------------
+
+
+def _distinct_count(values: np.ndarray) -> int:
+    """How many distinct values ``values`` holds (a term's documents: ascending, as ingest
+    writes a document's chunks together, unless the file was edited by hand)."""
+    if values.size < 2:
+        return int(values.size)
+    step = values[1:] != values[:-1]
+    if (values[1:] >= values[:-1]).all():
+        return int(np.count_nonzero(step)) + 1
+    return int(np.unique(values).size)
+
+
+class VersionStats:
+    """What per-reader BM25 needs of one published version, read once (on the first search
+    by a reader with a view, under the collection's lock): the document map, each chunk
+    row's token count, and the statistics the stored weights were computed with (the
+    manifest's ``bm25_stats``), from which a term's frequency in each chunk is solved."""
+
+    def __init__(self, stored: dict | None):
+        self.stored = stored
+        self.documents = None  # documents[row id] = ordinal, -1: no chunk row
+        self.lengths = None  # lengths[row id] = token count
+
+    def load(self, conn: sqlite3.Connection, cache: dict | None) -> "VersionStats | None":
+        """Self, read; None for a file without a document map (no view can be exact)."""
+        if self.lengths is None:
+            documents = document_map(conn, cache)
+            if documents is None:
+                return None
+            cur = conn.execute("SELECT id, length FROM bm25_chunk_terms")
+            pairs = np.fromiter((v for row in cur for v in row), dtype=np.int64).reshape(-1, 2)
+            size = max(documents.size, int(pairs[:, 0].max()) + 1 if pairs.size else 0)
+            lengths = np.zeros(size, dtype=np.int64)
+            lengths[pairs[:, 0]] = pairs[:, 1]
+            if documents.size < size:
+                documents = np.concatenate([documents, np.full(size - documents.size, -1, np.int32)])
+            self.documents, self.lengths = documents, lengths
+        return self
+
+    def own(self) -> dict:
+        """The statistics of every chunk row, as ingest computes them (``_Chunks.stats``)."""
+        rows = np.flatnonzero(self.documents >= 0)
+        return _stats_of(self.documents, self.lengths, rows)
+
+    def tf(self, conn: sqlite3.Connection, term: str, p: Postings) -> np.ndarray:
+        """Term ``term``'s frequency in each chunk of its postings ``p`` (float64), kept on
+        ``p`` (one published version's postings)."""
+        tf = p._tf
+        if tf is None:
+            tf = p._tf = self._solve_tf(conn, term, p)
+        return tf
+
+    def _solve_tf(self, conn, term: str, p: Postings) -> np.ndarray:
+        # The stored weight is term_weights(idf, tf, ...) with the recorded statistics and the
+        # term's document frequency: solved for tf and kept where tf, and neither of its
+        # neighbours, gives the stored weight back (the weight rises with tf, so then no other
+        # tf does); the rest is read from the chunk term rows.
+        ids, weights = p.ids, p.weights
+        tf = np.ones(ids.size)
+        ok = np.zeros(ids.size, dtype=bool)
+        stored = self.stored
+        if stored and stored.get("documents") and stored.get("avgdl"):
+            n, avgdl = int(stored["documents"]), float(stored["avgdl"])
+            idf = idf_of(n, np.array([_distinct_count(self.documents[ids])], dtype=np.int64))
+            dl = self.lengths[ids].astype(np.float64)
+            w = weights.astype(np.float64)
+            norm = K1 * (1 - B + B * dl / avgdl)
+            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+                solved = np.rint(w * norm / (idf * (K1 + 1) - w))
+            tf = np.where(np.isfinite(solved) & (solved >= 1) & (solved < 2**31), solved, 1.0)
+            ok = ((term_weights(idf, tf, dl, avgdl) == weights)
+                  & (term_weights(idf, tf + 1, dl, avgdl) != weights)
+                  & (term_weights(idf, tf - 1, dl, avgdl) != weights))
+        if not ok.all():
+            tf[~ok] = _stored_tf(conn, term, ids[~ok])
+        return tf
+
+
+def _stats_of(documents: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> dict:
+    """``{"documents", "avgdl"}`` of the chunk rows ``rows``: the distinct documents and the
+    mean token count (integers summed exactly, divided once: the value numpy's mean of the
+    same lengths gives, so bit for bit what ingest records for those chunks alone)."""
+    if not rows.size:
+        return {"documents": 0, "avgdl": 1.0}
+    total = int(lengths[rows].sum())
+    return {"documents": int(np.unique(documents[rows]).size),
+            "avgdl": float(max(total / rows.size, 1e-9))}
+
+
+def _stored_tf(conn: sqlite3.Connection, term: str, ids: np.ndarray) -> np.ndarray:
+    """``term``'s frequency in each chunk row ``ids``, read from the chunk term rows."""
+    row = conn.execute("SELECT term_id FROM bm25_vocab WHERE term = ?", (term,)).fetchone()
+    found = {}
+    if row is not None:
+        term_id = row[0]
+        for g in range(0, ids.size, 900):
+            part = ids[g:g + 900].tolist()
+            for rid, tids, freqs in conn.execute(
+                    "SELECT id, term_ids, term_freqs FROM bm25_chunk_terms WHERE id IN "
+                    f"({','.join('?' * len(part))})", part):
+                at = np.flatnonzero(np.frombuffer(tids, dtype=np.int32) == term_id)
+                if at.size:
+                    found[rid] = float(np.frombuffer(freqs, dtype=np.int32)[at[0]])
+    return np.array([found.get(i, 1.0) for i in ids.tolist()], dtype=np.float64)
+
+
+class ReaderView(dict):
+    """One reader's BM25 over one published version: a dict like the collection's postings
+    cache (term -> :class:`Postings` or None), so every ranking path runs on it unchanged.
+
+    A term's postings here hold only the chunks the reader may read, weighted by the stored
+    formula (``term_weights``) with the statistics of those chunks alone: their documents,
+    the term's documents among them, their mean length. The weights are bit for bit what
+    ingest would store for a collection of only those documents, so nothing a reader is
+    shown (scores, ranks, the top-k cut, ties) depends on the chunks it may not read.
+    Derived per term on first use and kept with the view (one per published version and
+    set of hidden documents, see ``rankers.reader_view``)."""
+
+    TERMS = 10_000  # terms kept per view (its postings are at most the collection's)
+
+    def __init__(self, version: VersionStats, base: dict, hidden_rows: np.ndarray):
+        super().__init__()
+        self.version = version
+        self.base = base  # the collection's postings cache: the stored postings
+        self.hidden_rows = hidden_rows
+        self.visible = None
+        self.stats = None
+
+    def prepare(self, conn: sqlite3.Connection) -> "ReaderView | None":
+        """Self, with the reader's statistics; None for a file without a document map."""
+        if self.visible is None:
+            version = self.version.load(conn, self.base)
+            if version is None:
+                return None
+            visible = version.documents >= 0
+            hidden = self.hidden_rows
+            visible[hidden[hidden < visible.size]] = False
+            self.stats = _stats_of(version.documents, version.lengths, np.flatnonzero(visible))
+            self.visible = visible
+        return self
+
+    def derive(self, conn: sqlite3.Connection, terms: list[str]) -> dict:
+        """``{term: Postings or None}``: the reader's postings of ``terms``."""
+        self.prepare(conn)
+        stored = _postings_of(conn, terms, self.base)
+        return {t: None if p is None else self._restricted(conn, t, p) for t, p in stored.items()}
+
+    def _restricted(self, conn, term: str, p: Postings) -> Postings | None:
+        version = self.version
+        keep = self.visible[p.ids]
+        every = bool(keep.all())
+        ids = p.ids if every else p.ids[keep]
+        if not ids.size:
+            return None
+        tf = version.tf(conn, term, p)
+        if not every:
+            tf = tf[keep]
+        n, avgdl = self.stats["documents"], self.stats["avgdl"]
+        # As ingest computes them: IDF from an int64 array of document counts, then the
+        # weights from float64 frequencies and lengths (the same elementwise operations).
+        idf = idf_of(n, np.array([_distinct_count(version.documents[ids])], dtype=np.int64))
+        weights = term_weights(idf, tf, version.lengths[ids].astype(np.float64), avgdl)
+        return Postings(ids, weights)
+
+
+class ReaderViews:
+    """The open collection's reader views, most recently used last, and the one its
+    unrestricted readers need when the stored weights are not its own statistics."""
+
+    KEPT = 16
+
+    def __init__(self, stored: dict | None):
+        self.version = VersionStats(stored)
+        self.views: OrderedDict = OrderedDict()
+
+    def get(self, key, base: dict, hidden_rows) -> ReaderView:
+        """The view for ``key`` (the hidden documents), made with ``hidden_rows()``
+        (sorted chunk row ids) when not kept. Call under the collection's lock."""
+        view = self.views.get(key)
+        if view is None:
+            view = self.views[key] = ReaderView(self.version, base, hidden_rows())
+            if len(self.views) > self.KEPT:
+                self.views.popitem(last=False)
+        else:
+            self.views.move_to_end(key)
+        return view
+
+    def stale(self, conn: sqlite3.Connection, base: dict) -> bool:
+        """Whether the stored weights were computed with other statistics than the
+        version's own (an incremental ingest keeps them while they stay within
+        ``STATS_DRIFT``, adr/0030): then a reader who may read everything ranks on a view
+        too, so its figures are those of a view hiding nothing."""
+        version = self.version.load(conn, base)
+        if version is None:
+            return False
+        stored = version.stored or {}
+        own = version.own()
+        return (stored.get("documents") != own["documents"]
+                or float(stored.get("avgdl") or 0) != own["avgdl"])

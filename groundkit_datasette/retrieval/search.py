@@ -4,7 +4,6 @@ rerank, and the hits."""
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 
@@ -53,9 +52,15 @@ class Allowed:
     rows: np.ndarray  # sorted chunk row ids
     documents: list[str]
     exclude: bool = False
-    # Sorted row ids hidden by the reader's permissions (not by the request's filters):
-    # BM25 computes IDF without them.
+    # Sorted row ids hidden by the reader's permissions (not by the request's filters).
     hidden: np.ndarray | None = None
+    # The reader's BM25 view (bm25.ReaderView): its chunks weighted with their own statistics.
+    view: object = None
+
+    @property
+    def only_permissions(self) -> bool:
+        """Whether the reader's permissions are all that is left out (no request filter)."""
+        return self.exclude and self.hidden is not None and self.rows is self.hidden
 
     def mask(self, ids: np.ndarray) -> np.ndarray:
         return np.isin(ids, self.rows, invert=self.exclude)
@@ -77,16 +82,14 @@ def _allowed(collection, request, access=None) -> Allowed | None:
         access = None
     if not clauses and access is None:
         return None
-    hidden_rows = None
+    hidden_rows = view = None
     if access is not None:
         hidden_documents = list(access.hidden_documents)
-        rows = collection.query(
-            "SELECT id FROM chunks WHERE document_id IN (SELECT value FROM json_each(?))",
-            [json.dumps(hidden_documents)],
-        )
-        hidden_rows = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+        # Kept per open collection and set of hidden documents, with the hidden chunk rows.
+        view = rankers.reader_view(collection, access.hidden_documents)
+        hidden_rows = view.hidden_rows
     if not clauses:
-        return Allowed(hidden_rows, hidden_documents, exclude=True, hidden=hidden_rows)
+        return Allowed(hidden_rows, hidden_documents, exclude=True, hidden=hidden_rows, view=view)
     if access is not None:
         clauses.append(access.sql)
         params += list(access.params)
@@ -96,7 +99,7 @@ def _allowed(collection, request, access=None) -> Allowed | None:
         params,
     )
     ids = np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
-    return Allowed(ids, sorted({r[1] for r in rows}), hidden=hidden_rows)
+    return Allowed(ids, sorted({r[1] for r in rows}), hidden=hidden_rows, view=view)
 
 
 # The columns of a hit, then the chunk's integer row id (index 14).
