@@ -157,9 +157,22 @@ class _Progress:
 @click.option("--debounce", default=300, show_default=True, type=click.IntRange(10, 60000),
               metavar="MS", help="With --watch: quiet time in milliseconds before a batch runs.")
 @click.option("--cluster", metavar="ADDRESS",
-              help="Extract, chunk and embed on this Dask scheduler's workers (tcp://HOST:PORT); "
-                   "this machine still writes and publishes. Needs groundkit-datasette[cluster] "
+              help="Extract, chunk and embed on this Dask scheduler's workers (tls://HOST:PORT, "
+                   "with --cluster-tls-*); this machine still writes and publishes, and takes "
+                   "only text, chunks and vectors back. Needs groundkit-datasette[cluster] "
                    "(docs/scaling.md).")
+@click.option("--cluster-tls-ca", metavar="FILE", type=click.Path(dir_okay=False),
+              help="With --cluster tls://: the CA certificate that signed the scheduler's and "
+                   "workers' certificates.")
+@click.option("--cluster-tls-cert", metavar="FILE", type=click.Path(dir_okay=False),
+              help="With --cluster tls://: this machine's client certificate (signed by that CA).")
+@click.option("--cluster-tls-key", metavar="FILE", type=click.Path(dir_okay=False),
+              help="With --cluster tls://: the client certificate's private key (if not in the "
+                   "certificate file).")
+@click.option("--cluster-insecure", is_flag=True,
+              help="Accept a tcp:// cluster address: no encryption and no authentication, so "
+                   "anyone who can reach the scheduler can run code on the workers and feed this "
+                   "ingest lies. Only on a network you trust.")
 @click.option("--single-process", is_flag=True,
               help="Extract and chunk every file in this process. By default a BM25-only run "
                    "of 64 files or more does that in forked processes (one per CPU but one, "
@@ -167,7 +180,7 @@ class _Progress:
 @click.pass_context
 def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_option, chunk_size,
            chunk_overlap, exclude, group_readable, list_all, as_json, watch, debounce, cluster,
-           single_process):
+           cluster_tls_ca, cluster_tls_cert, cluster_tls_key, cluster_insecure, single_process):
     """Ingest files and directories into a collection (incremental).
 
     Exits 0 when every file was ingested or skipped, 1 when some files failed (the rest are
@@ -186,10 +199,20 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
     options = _key_values(embedder_option, "--embedder-option")
     stage = None
     try:
+        tls_files = (cluster_tls_ca, cluster_tls_cert, cluster_tls_key)
+        if (any(tls_files) or cluster_insecure) and not cluster:
+            raise click.UsageError("--cluster-tls-* and --cluster-insecure need --cluster")
         if cluster:
-            from .collection.cluster import ClusterMap
+            from .collection.cluster import ClusterMap, tls_security
 
-            stage = ClusterMap(cluster)
+            security = None
+            if any(tls_files):
+                if not cluster.lower().startswith("tls://"):
+                    raise click.UsageError("--cluster-tls-* need a tls:// --cluster address")
+                if not (cluster_tls_ca and cluster_tls_cert):
+                    raise click.UsageError("--cluster-tls-ca and --cluster-tls-cert go together")
+                security = tls_security(*tls_files)
+            stage = ClusterMap(cluster, security=security, insecure=cluster_insecure)
         indexer = Indexer(
             collection,
             index_dir=index_dir,
