@@ -25,9 +25,11 @@ import datetime
 import io
 import posixpath
 import re
+import time
 import zipfile
 from urllib.parse import unquote
 from xml.etree import ElementTree
+from xml.parsers import expat
 from bisect import bisect_right
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -36,7 +38,9 @@ from pathlib import Path
 from .chunking import find_headings
 
 __all__ = [
+    "Exceeded",
     "Extracted",
+    "ExtractionBusy",
     "Skipped",
     "HTML_EXTRACTOR_VERSION",
     "FORMAT_EXTRACTOR_VERSION",
@@ -60,6 +64,26 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 FORMAT_EXTRACTOR_VERSION = "1"
 # A zip container (Office, OpenDocument, EPUB) may unpack to at most this many bytes in all.
 MAX_UNPACKED_BYTES = 256 * 1024 * 1024
+# -- Budgets (adr/0050-isolated-extraction.md) -----------------------------------------------
+# What one file may cost while it is extracted, checked as it streams: a file past one is
+# skipped with the bound named ("exceeds the extraction budget: 2,000,000 cells"). No ordinary
+# document comes near them (docs/performance.md, "Extraction budgets and isolation"). Plain
+# text, Markdown, HTML and code give at most one character per byte read, so MAX_FILE_BYTES is
+# their budget; these bound the formats that expand.
+MAX_TEXT_CHARS = 20_000_000       # characters of text (about 10,000 pages of prose)
+MAX_CELLS = 2_000_000             # spreadsheet cells present in the file (gaps cost nothing)
+MAX_ROWS = 2_000_000              # spreadsheet rows, empty ones included
+MAX_XML_ELEMENTS = 10_000_000     # XML elements read from a package's members
+MAX_MEMBERS = 10_000              # members of a zip package
+MAX_PDF_PAGES = 10_000            # pages of a PDF, counted before any page is read
+# Limits of the child process that extracts PDFs and packages (collection/isolation.py): wall
+# time, and address space beyond what it holds when it starts (the file's bytes included).
+EXTRACT_SECONDS = 120.0           # at ingest
+SERVE_EXTRACT_SECONDS = 30.0      # re-extraction for a request (fetch_chunk, verify_quote)
+EXTRACT_MEMORY_BYTES = 1024 * 1024 * 1024
+# Isolated re-extractions running at once in a server, and callers that may wait for one.
+SERVE_EXTRACTIONS = 2
+SERVE_EXTRACTIONS_WAITING = 8
 # A PDF whose pages carry no text at all: most often a scan without OCR.
 NO_TEXT_LAYER = "no text layer (scanned?)"
 # Between PDF pages; the chunker treats "\f" as a hard boundary for "pdf".
@@ -84,6 +108,48 @@ class Skipped(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
+
+
+class Exceeded(Skipped):
+    """Skipped for a budget, or for the extracting child's time or memory limit: the file may
+    be well formed, it costs more than any file may. ``kind``: "budget", "time" or "memory"."""
+
+    def __init__(self, reason: str, kind: str = "budget"):
+        super().__init__(reason)
+        self.kind = kind
+
+
+def _over(limit: int, what: str) -> Exceeded:
+    return Exceeded(f"exceeds the extraction budget: {limit:,} {what}")
+
+
+class _Budget:
+    """What one file has cost so far; ``Exceeded`` as soon as a count passes its bound."""
+
+    __slots__ = ("text", "cells", "rows", "elements")
+
+    def __init__(self) -> None:
+        self.text = self.cells = self.rows = self.elements = 0
+
+    def add_text(self, n: int) -> None:
+        self.text += n
+        if self.text > MAX_TEXT_CHARS:
+            raise _over(MAX_TEXT_CHARS, "characters of text")
+
+    def add_cells(self, n: int) -> None:
+        self.cells += n
+        if self.cells > MAX_CELLS:
+            raise _over(MAX_CELLS, "cells")
+
+    def add_row(self) -> None:
+        self.rows += 1
+        if self.rows > MAX_ROWS:
+            raise _over(MAX_ROWS, "rows")
+
+    def add_elements(self, n: int) -> None:
+        self.elements += n
+        if self.elements > MAX_XML_ELEMENTS:
+            raise _over(MAX_XML_ELEMENTS, "XML elements")
 
 
 _MARKDOWN = {".md", ".markdown", ".mdown", ".mkd", ".mdx"}
@@ -156,18 +222,115 @@ def extract_file(path: Path, *, max_bytes: int = MAX_FILE_BYTES,
         data = path.read_bytes()
     except OSError:
         raise Skipped("unreadable") from None
+    if _isolate(path.suffix):
+        return _extract_isolated(data, path.suffix, max_bytes, encoding, serving=False)
     return _extract(data, path.suffix, path.name, max_bytes, encoding)
 
 
 def extract_bytes(
-    data: bytes, suffix: str, *, max_bytes: int = MAX_FILE_BYTES, encoding: str | None = None
+    data: bytes, suffix: str, *, max_bytes: int = MAX_FILE_BYTES, encoding: str | None = None,
+    serving: bool = False, seconds: float | None = None,
 ) -> Extracted:
     """Like extract_file, for content already in memory (``suffix`` as ".md").
 
     ``encoding`` (a codec name recorded at ingest) decodes text with that codec instead of
     choosing one, so a citation is checked against the text it was cut from.
+
+    PDFs and packages (Office, EPUB) are parsed in a child process limited to EXTRACT_SECONDS
+    (SERVE_EXTRACT_SECONDS when ``serving``) and EXTRACT_MEMORY_BYTES, so a hostile file costs
+    its own extraction only: past a limit it is ``Exceeded`` ("extraction timed out after
+    120 s"). ``serving`` also takes one of SERVE_EXTRACTIONS slots, waiting for one within the
+    time limit; ``ExtractionBusy`` when none is to be had. ``seconds`` lowers the time limit
+    (a request's own deadline). Text, Markdown, HTML and code are decoded here, by linear code
+    of our own.
     """
+    if _isolate(suffix):
+        return _extract_isolated(data, suffix, max_bytes, encoding, serving=serving,
+                                 seconds=seconds)
     return _extract(data, suffix, "", max_bytes, encoding)
+
+
+class ExtractionBusy(Exception):
+    """Serving: SERVE_EXTRACTIONS files are being extracted and enough callers wait already."""
+
+
+_SERVE_SLOTS = None
+
+
+def _isolate(suffix: str) -> bool:
+    suffix = _norm_suffix(suffix)
+    if suffix not in _PDF and suffix not in _PACKAGED:
+        return False
+    from . import isolation
+
+    return not isolation.in_child()  # in a child already: parse here
+
+
+def _extract_isolated(data: bytes, suffix: str, max_bytes: int, encoding: str | None,
+                      serving: bool, seconds: float | None = None) -> Extracted:
+    from . import isolation
+
+    global _SERVE_SLOTS
+    if len(data) > max_bytes:
+        raise Skipped("too large")  # not worth a child
+    limit = SERVE_EXTRACT_SECONDS if serving else EXTRACT_SECONDS
+    if seconds is not None:
+        limit = min(limit, max(0.001, seconds))
+    seconds = limit
+    slots = None
+    if serving:
+        if _SERVE_SLOTS is None:
+            _SERVE_SLOTS = isolation.Slots(SERVE_EXTRACTIONS, SERVE_EXTRACTIONS_WAITING)
+        slots = _SERVE_SLOTS
+        started = time.monotonic()
+        try:
+            slots.acquire(seconds)
+        except isolation.Busy:
+            raise ExtractionBusy("too many files are being re-extracted at once; retry shortly") from None
+        seconds = max(0.001, seconds - (time.monotonic() - started))
+    try:
+        plain = isolation.run_isolated(
+            _extract_plain, data, suffix, max_bytes, encoding, timeout=seconds,
+            memory_bytes=EXTRACT_MEMORY_BYTES, passthrough=(Exceeded, Skipped))
+    except isolation.ChildTimeout:
+        raise Exceeded(f"extraction timed out after {limit:g} s", "time") from None
+    except isolation.ChildOutOfMemory:
+        raise Exceeded("extraction exceeded its memory limit", "memory") from None
+    except isolation.ChildFailed:
+        raise Skipped("extraction crashed") from None
+    finally:
+        if slots is not None:
+            slots.release()
+    try:
+        return _from_plain(plain)
+    except (TypeError, ValueError, KeyError):  # a child the file compromised, or a defect
+        raise Skipped("extraction crashed") from None
+
+
+def _extract_plain(data: bytes, suffix: str, max_bytes: int, encoding: str | None) -> dict:
+    """In the child: the extraction as plain data (no pickle crosses back)."""
+    e = _extract(data, suffix, "", max_bytes, encoding)
+    return {"text": e.text, "title": e.title, "source_class": e.source_class,
+            "extractor": e.extractor, "extractor_version": e.extractor_version,
+            "page_starts": list(e.page_starts), "encoding": e.encoding}
+
+
+def _from_plain(plain) -> Extracted:
+    """The child's answer, checked for shape: it is data from a process a file may control."""
+    def text(value, optional=False):
+        if (value is None and optional) or isinstance(value, str):
+            return value
+        raise TypeError("not text")
+
+    starts = plain["page_starts"]
+    if not isinstance(starts, list) or not all(type(p) is int for p in starts):
+        raise TypeError("page starts")
+    body = text(plain["text"])
+    if starts != sorted(starts) or any(p < 0 or p > len(body) for p in starts):
+        raise ValueError("page starts")
+    return Extracted(body, text(plain["title"], True), text(plain["source_class"]),
+                     text(plain["extractor"]), text(plain["extractor_version"]), tuple(starts),
+                     text(plain["encoding"], True))
 
 
 def extractor_available(extractor: str, version: str) -> bool:
@@ -552,15 +715,23 @@ def _extract_pdf(data: bytes) -> Extracted:
         import pypdf
     except ImportError:
         raise Skipped("pdf support not installed") from None
+    budget = _Budget()
     try:
         reader = pypdf.PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise Skipped("encrypted")
-        pages = [(page.extract_text() or "") for page in reader.pages]
+        # The page tree only: no page is read before the count is known to be within bounds.
+        if len(reader.pages) > MAX_PDF_PAGES:
+            raise _over(MAX_PDF_PAGES, "pages")
+        pages = []
+        for page in reader.pages:
+            pages.append(page.extract_text() or "")
+            budget.add_text(len(pages[-1]) + len(PDF_PAGE_SEPARATOR))
         title = _pdf_title(reader)
     except Skipped:
         raise
-    except Exception:  # malformed PDFs surface as almost any exception type
+    except Exception as exc:  # malformed PDFs surface as almost any exception type
+        _reraise_memory(exc)
         raise Skipped("unreadable pdf") from None
     parts: list[str] = []
     starts: list[int] = []
@@ -655,11 +826,16 @@ class _Outline:
 def _open_zip(data: bytes, what: str) -> zipfile.ZipFile:
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
-        unpacked = sum(info.file_size for info in archive.infolist())
+        members = archive.infolist()
+        unpacked = sum(info.file_size for info in members)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError):
         raise Skipped(f"unreadable {what}") from None
     if unpacked > MAX_UNPACKED_BYTES:
+        archive.close()
         raise Skipped("too large")  # a zip bomb, or simply a huge document
+    if len(members) > MAX_MEMBERS:
+        archive.close()
+        raise _over(MAX_MEMBERS, "members")
     return archive
 
 
@@ -668,21 +844,82 @@ def _extract_packaged(extractor: str, data: bytes) -> Extracted:
     try:
         version = _format_version(extractor)
     except ImportError:
+        archive.close()
         raise Skipped(f"{extractor} support not installed") from None
+    budget = _Budget()
     try:
-        outline, title = _PACKAGED_READERS[extractor](data, archive)
+        if extractor in ("docx", "pptx"):
+            # Their libraries parse whichever parts they choose, whole: every member is
+            # counted first, streamed, so a part that inflates stops at the budget unparsed.
+            for info in archive.infolist():
+                _scan_member(archive, info, budget)
+        outline, title = _PACKAGED_READERS[extractor](data, archive, budget)
     except Skipped:
         raise
-    except Exception:  # malformed packages surface as almost any exception type
+    except Exception as exc:  # malformed packages surface as almost any exception type
+        _reraise_memory(exc)
         raise Skipped(f"unreadable {extractor}") from None
     finally:
         archive.close()
     text = outline.text()
+    if len(text) > MAX_TEXT_CHARS:
+        raise _over(MAX_TEXT_CHARS, "characters of text")
     if not text.strip():
         raise Skipped("empty")
     if title is None and extractor in ("docx", "odt"):
         title = outline.first_heading  # a slide or sheet label is no title for the file
     return Extracted(text, title, "markdown", extractor, version)
+
+
+def _reraise_memory(exc: Exception) -> None:
+    """Out of memory is not a malformed file: it is raised as such, so that the child's memory
+    limit is named. libxml2 (lxml, under python-docx and python-pptx) reports a failed
+    allocation as a parse error that says so."""
+    if isinstance(exc, MemoryError) or "memory allocation failed" in str(exc).lower():
+        raise MemoryError() from None
+
+
+# Decompressed bytes fed to expat at a time; the budget is checked between feeds.
+_SCAN_BYTES = 64 * 1024
+
+
+def _scan_member(archive, info, budget: _Budget, html: bool = False,
+                 forbid_entities: bool = False) -> None:
+    """Stream one member through expat, counting its elements and character data (entities
+    expanded) against ``budget``, without building anything. Where the bytes stop being XML
+    (a picture, a malformed part) the count stops, as an XML parser would; an HTML chapter
+    (``html``) counts its remaining bytes as text instead, since the HTML extractor reads on
+    and gives at most a character per byte. External entities are never fetched."""
+    parser = expat.ParserCreate()
+    parser.buffer_text = True
+    counts = [0, 0]  # elements, characters
+
+    def start(_name, _attrs):
+        counts[0] += 1
+
+    def text(data):
+        counts[1] += len(data)
+
+    parser.StartElementHandler = start
+    parser.CharacterDataHandler = text
+    if forbid_entities:
+        parser.EntityDeclHandler = _forbid_entities
+    with archive.open(info) as member:
+        read = 0
+        while True:
+            chunk = member.read(_SCAN_BYTES)
+            read += len(chunk)
+            try:
+                parser.Parse(chunk, not chunk)
+            except expat.ExpatError:
+                if html:
+                    counts[1] += info.file_size - read
+                chunk = b""
+            budget.add_elements(counts[0])
+            budget.add_text(counts[1])
+            counts[0] = counts[1] = 0
+            if not chunk:
+                return
 
 
 def _cell_text(value) -> str:
@@ -700,7 +937,7 @@ def _cell_text(value) -> str:
     return str(value)
 
 
-def _read_docx(data: bytes, archive) -> tuple[_Outline, str | None]:
+def _read_docx(data: bytes, archive, budget: _Budget) -> tuple[_Outline, str | None]:
     import docx
     from docx.table import Table
 
@@ -737,7 +974,7 @@ def _docx_rows(table):
         yield cells
 
 
-def _read_pptx(data: bytes, archive) -> tuple[_Outline, str | None]:
+def _read_pptx(data: bytes, archive, budget: _Budget) -> tuple[_Outline, str | None]:
     import pptx
 
     presentation = pptx.Presentation(io.BytesIO(data))
@@ -771,24 +1008,411 @@ def _pptx_shape(shape, out: _Outline) -> None:
         out.paragraph("\n".join(p.text if hasattr(p, "text") else "" for p in shape.text_frame.paragraphs))
 
 
-def _read_xlsx(data: bytes, archive) -> tuple[_Outline, str | None]:
-    import openpyxl
+# Spreadsheets are streamed here rather than read with openpyxl's read-only mode, which pads
+# every row to its last cell's column (a row holding one cell in column XFD became 16,384
+# values) and holds the shared strings whole. The values are what openpyxl 3.1's reader made
+# of the same XML (its date and number-format rules are used as they are), so the text is as
+# before and the extractor keeps its version (tests/test_extract_budget.py compares the two).
+_XL_MAIN = "http://schemas.openxmlformats.org/spreadsheetml/2006/main"
+_XL_REL_ID = "{http://schemas.openxmlformats.org/officeDocument/2006/relationships}id"
+_XL_ROW = f"{_XL_MAIN} row"
+_XL_VALUE = f"{_XL_MAIN} v"
+_XL_INLINE = f"{_XL_MAIN} is"
+_XL_STRING = f"{_XL_MAIN} si"
+_XL_WORKBOOK_TYPES = (  # as openpyxl looks for the workbook part, in this order
+    "application/vnd.ms-excel.template.macroEnabled.main+xml",
+    "application/vnd.openxmlformats-officedocument.spreadsheetml.template.main+xml",
+    "application/vnd.ms-excel.sheet.macroEnabled.main+xml",
+    "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet.main+xml",
+)
+_XL_STRINGS_TYPE = "application/vnd.openxmlformats-officedocument.spreadsheetml.sharedStrings+xml"
 
-    # read_only streams rows; data_only takes each formula's cached value, as the user saw it.
-    book = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
-    try:
-        out = _Outline()
-        for sheet in book.worksheets:
-            sheet.reset_dimensions()  # do not trust the stored used-range
-            rows = [[_cell_text(v) for v in row] for row in sheet.iter_rows(values_only=True)]
-            if not any(any(c.strip() for c in row) for row in rows):
+
+def _local(tag: str) -> str:
+    """An element's name without its namespace (ElementTree's ``{ns}name``, expat's ``ns name``)."""
+    return tag.rpartition("}")[2].rpartition(" ")[2]
+
+
+class _EntitiesForbidden(ValueError):
+    """A spreadsheet part declares entities: openpyxl refused those (through defusedxml)."""
+
+
+def _forbid_entities(*_args):
+    raise _EntitiesForbidden()
+
+
+class _RichText:
+    """What openpyxl's ``Text.content`` makes of an ``<si>`` or ``<is>``: the text of its last
+    ``<t>`` child, then of each ``<r>`` run's last ``<t>`` (children matched by local name)."""
+
+    __slots__ = ("plain", "runs")
+
+    def __init__(self) -> None:
+        self.plain: str | None = None
+        self.runs: list = []
+
+    def content(self) -> str:
+        parts = [self.plain] if self.plain is not None else []
+        return "".join(parts + [t for t in self.runs if t is not None])
+
+
+class _XMLStream:
+    """One member fed to expat in pieces, its elements counted against the budget. The text
+    of an element before its first child (ElementTree's ``.text``) is gathered on request."""
+
+    def __init__(self, budget: _Budget):
+        self.budget = budget
+        self.depth = 0
+        self.elements = 0
+        self.gathering = False
+        self.gather_depth = 0
+        self.parts: list[str] = []
+
+    def run(self, archive, name: str) -> None:
+        parser = expat.ParserCreate(namespace_separator=" ")
+        parser.buffer_text = True
+        parser.EntityDeclHandler = _forbid_entities
+        parser.StartElementHandler = self._start
+        parser.EndElementHandler = self._end
+        parser.CharacterDataHandler = self._text
+        with archive.open(name) as member:
+            while True:
+                chunk = member.read(_SCAN_BYTES)
+                parser.Parse(chunk, not chunk)
+                self.budget.add_elements(self.elements)
+                self.elements = 0
+                self.checkpoint()
+                if not chunk:
+                    return
+
+    def gather(self) -> None:
+        self.gathering, self.gather_depth, self.parts = True, self.depth, []
+
+    def _start(self, name, attrs):
+        self.depth += 1
+        self.elements += 1
+        self.gathering = False  # a child: the text gathered is what came before it
+        self.start(name, attrs)
+
+    def _end(self, name):
+        self.gathering = False
+        self.end(name)
+        self.depth -= 1
+
+    def _text(self, data):
+        if self.gathering:
+            self.parts.append(data)
+
+    def gathered(self) -> str | None:
+        """At the end of the element ``gather`` was called in: its text, or None."""
+        return "".join(self.parts) if self.parts else None
+
+    def checkpoint(self) -> None:
+        """Between pieces: where a subclass checks what it has built against the budget."""
+
+    def rich_start(self, rich: _RichText, base: int, name) -> None:
+        """An element inside an ``<si>``/``<is>`` at depth ``base``."""
+        level = self.depth - base
+        if level == 1:
+            local = _local(name)
+            if local == "t":
+                self.rich_target = 0
+                self.gather()
+            elif local == "r":
+                rich.runs.append(None)
+                self.in_run = True
+        elif level == 2 and self.in_run and _local(name) == "t":
+            self.rich_target = 1
+            self.gather()
+
+    def rich_end(self, rich: _RichText, base: int) -> None:
+        level = self.depth - base
+        if self.rich_target is not None and self.depth == self.gather_depth:
+            if self.rich_target == 0:
+                rich.plain = self.gathered()
+            else:
+                rich.runs[-1] = self.gathered()
+            self.rich_target = None
+        if level == 1:
+            self.in_run = False
+
+    in_run = False
+    rich_target = None
+
+
+class _SharedStrings(_XMLStream):
+    """xl/sharedStrings.xml as openpyxl's ``read_string_table`` read it, counted as text."""
+
+    def __init__(self, budget: _Budget):
+        super().__init__(budget)
+        self.strings: list[str] = []
+        self.base = 0
+        self.rich: _RichText | None = None
+        self.chars = 0
+
+    def start(self, name, attrs):
+        if self.rich is not None:
+            self.rich_start(self.rich, self.base, name)
+        elif name == _XL_STRING:
+            self.base, self.rich = self.depth, _RichText()
+
+    def end(self, name):
+        if self.rich is None:
+            return
+        if self.depth == self.base:
+            text = self.rich.content().replace("x005F_", "")
+            self.strings.append(text)
+            self.chars += len(text)
+            self.rich = None
+        else:
+            self.rich_end(self.rich, self.base)
+
+    def checkpoint(self) -> None:
+        # The table on its own may hold as much text as a file's text may be.
+        if self.chars > MAX_TEXT_CHARS:
+            raise _over(MAX_TEXT_CHARS, "characters of text")
+
+
+class _Sheet(_XMLStream):
+    """One worksheet's rows, as openpyxl's read-only ``iter_rows(values_only=True)`` gave them
+    with its dimensions reset, but without padding: a row is its cells, a line of text is
+    built from them directly, and every cell, row and character is counted as it comes."""
+
+    def __init__(self, budget: _Budget, strings, date_styles, timedelta_styles, epoch):
+        from openpyxl.utils.cell import coordinate_to_tuple
+        from openpyxl.utils.datetime import from_excel, from_ISO8601
+
+        super().__init__(budget)
+        self.coordinate_to_tuple = coordinate_to_tuple
+        self.from_excel, self.from_ISO8601 = from_excel, from_ISO8601
+        self.strings = strings
+        self.date_styles = date_styles
+        self.timedelta_styles = timedelta_styles
+        self.epoch = epoch
+        self.lines: list[str] = []
+        self.row_depth = 0
+        self.row_attrs = None
+        self.cells: list = []  # [attrs, value text, value seen, _RichText or None]
+        self.in_inline = False
+        self.row_counter = 0  # openpyxl's WorkSheetParser.row_counter
+        self.next_row = 1  # openpyxl's _cells_by_row counter: rows before it are dropped
+
+    def start(self, name, attrs):
+        if not self.row_depth:
+            if name == _XL_ROW:
+                self.row_depth, self.row_attrs, self.cells = self.depth, attrs, []
+            return
+        level = self.depth - self.row_depth
+        if level == 1:  # every child of a row is a cell to openpyxl
+            self.cells.append([attrs, None, False, None])
+        elif level == 2:
+            cell = self.cells[-1]
+            if name == _XL_VALUE and not cell[2]:
+                cell[2] = True
+                self.value_cell = cell
+                self.gather()
+            elif name == _XL_INLINE and cell[3] is None:
+                cell[3] = _RichText()
+                self.in_inline = True
+        elif self.in_inline:
+            self.rich_start(self.cells[-1][3], self.row_depth + 2, name)
+
+    def end(self, name):
+        if not self.row_depth:
+            return
+        level = self.depth - self.row_depth
+        if level == 0:
+            self.row_depth = 0
+            self._row()
+        elif level == 2:
+            if self.value_cell is not None and self.depth == self.gather_depth:
+                self.value_cell[1] = self.gathered()
+                self.value_cell = None
+            self.in_inline = False
+        elif self.in_inline:
+            self.rich_end(self.cells[-1][3], self.row_depth + 2)
+
+    value_cell = None
+
+    def _row(self) -> None:
+        coordinate_to_tuple = self.coordinate_to_tuple
+        budget = self.budget
+        budget.add_row()
+        budget.add_cells(len(self.cells))
+        number = self.row_attrs.get("r")
+        if number is not None:
+            try:
+                self.row_counter = int(number)
+            except ValueError:
+                value = float(number)
+                if not value.is_integer():
+                    raise ValueError("not a row number") from None
+                self.row_counter = int(value)
+        else:
+            self.row_counter += 1
+        column = 0
+        values: dict[int, object] = {}
+        for attrs, text, _seen, rich in self.cells:
+            coordinate = attrs.get("r")
+            if coordinate:
+                column = coordinate_to_tuple(coordinate)[1]
+            else:
+                column += 1
+            values[column] = self._value(attrs, text, rich)
+        self.cells = []
+        if self.row_counter > self.next_row:
+            self.next_row = self.row_counter  # missing rows are empty: no text
+        if self.row_counter < self.next_row:
+            return  # a row out of order: openpyxl's reader skipped it
+        self.next_row += 1
+        if not values:
+            return
+        last = column  # the row's last cell bounds it, as openpyxl's _get_row did
+        line, previous = [], 1
+        for col in sorted(values):
+            value = values[col]
+            if value is None or not 1 <= col <= last:
                 continue
-            out.heading(1, f'Sheet "{sheet.title}"')
-            out.rows(rows)
-        title = book.properties.title if book.properties is not None else None
-        return out, (title or None)
-    finally:
-        book.close()
+            text = _collapse(_cell_text(value))
+            if text:
+                line.append(" | " * (col - previous))
+                line.append(text)
+                previous = col
+        if line:
+            text = "".join(line)
+            budget.add_text(len(text) + 1)
+            self.lines.append(text)
+
+    def _value(self, attrs, text, rich):
+        """A cell's value as openpyxl's WorkSheetParser.parse_cell made it (data_only)."""
+        data_type = attrs.get("t", "n")
+        if data_type == "inlineStr":
+            return rich.content() if rich is not None else None
+        value = text or None
+        if value is None:
+            return None
+        if data_type == "n":
+            value = float(value) if ("." in value or "E" in value or "e" in value) else int(value)
+            style = attrs.get("s", 0)
+            if style:
+                style = int(style)
+            if style in self.date_styles:
+                try:
+                    return self.from_excel(value, self.epoch, timedelta=style in self.timedelta_styles)
+                except (OverflowError, ValueError):
+                    return "#VALUE!"
+            return value
+        if data_type == "s":
+            return self.strings[int(value)]
+        if data_type == "b":
+            return bool(int(value))
+        if data_type == "d":
+            return self.from_ISO8601(value)
+        return value  # "str", "e" and the rest: the text as written
+
+
+def _xlsx_tree(archive, name: str, budget: _Budget):
+    """A small part (manifest, workbook, relationships, styles, properties): counted, entities
+    refused, then parsed."""
+    try:
+        info = archive.getinfo(name)
+    except KeyError:
+        return None
+    _scan_member(archive, info, budget, forbid_entities=True)
+    return ElementTree.fromstring(archive.read(info))
+
+
+def _xlsx_relationships(archive, part: str, budget: _Budget) -> dict[str, tuple[str, str]]:
+    """Id -> (target path in the package, type), resolved as openpyxl's get_dependents did."""
+    folder, name = posixpath.split(part)
+    tree = _xlsx_tree(archive, posixpath.join(folder, "_rels", f"{name}.rels"), budget)
+    rels: dict[str, tuple[str, str]] = {}
+    parent = posixpath.split(folder)[0]
+    for rel in (tree if tree is not None else ()):
+        if _local(rel.tag) != "Relationship":
+            continue
+        target = rel.get("Target") or ""
+        if rel.get("TargetMode") != "External":
+            target = target[1:] if target.startswith("/") else posixpath.normpath(
+                posixpath.join(parent, target))
+        rels.setdefault(rel.get("Id"), (target, rel.get("Type") or ""))
+    return rels
+
+
+def _xlsx_date_styles(archive, budget: _Budget) -> tuple[set, set]:
+    """The cell style indexes whose number format is a date, and a duration (openpyxl's rules)."""
+    from openpyxl.styles.numbers import builtin_format_code, is_date_format, is_timedelta_format
+
+    tree = _xlsx_tree(archive, "xl/styles.xml", budget)
+    custom: dict[int, str] = {}
+    formats: list[int] = []
+    for child in (tree if tree is not None else ()):
+        local = _local(child.tag)
+        if local == "numFmts":
+            custom = {int(n.get("numFmtId")): n.get("formatCode") for n in child
+                      if _local(n.tag) == "numFmt"}
+        elif local == "cellXfs":
+            formats = [int(xf.get("numFmtId", 0)) for xf in child if _local(xf.tag) == "xf"]
+    dates, durations = set(), set()
+    for index, number in enumerate(formats):
+        code = custom[number] if number in custom else builtin_format_code(number)
+        if is_date_format(code):
+            dates.add(index)
+        if is_timedelta_format(code):
+            durations.add(index)
+    return dates, durations
+
+
+def _read_xlsx(data: bytes, archive, budget: _Budget) -> tuple[_Outline, str | None]:
+    from openpyxl.utils.datetime import CALENDAR_MAC_1904, WINDOWS_EPOCH
+
+    manifest = _xlsx_tree(archive, "[Content_Types].xml", budget)
+    overrides = [(o.get("PartName") or "", o.get("ContentType")) for o in manifest
+                 if _local(o.tag) == "Override"]
+    defaults = {d.get("ContentType") for d in manifest if _local(d.tag) == "Default"}
+    part = next((name[1:] for kind in _XL_WORKBOOK_TYPES for name, t in overrides if t == kind),
+                None)
+    if part is None:
+        if not defaults & set(_XL_WORKBOOK_TYPES):
+            raise Skipped("unreadable xlsx")
+        part = "xl/workbook.xml"
+    workbook = _xlsx_tree(archive, part, budget)
+    if workbook is None:
+        raise Skipped("unreadable xlsx")
+    rels = _xlsx_relationships(archive, part, budget)
+    epoch = WINDOWS_EPOCH
+    sheets = []
+    for child in workbook:
+        local = _local(child.tag)
+        if local == "workbookPr" and child.get("date1904") not in (None, "", "false", "f", "0"):
+            epoch = CALENDAR_MAC_1904
+        elif local == "sheets":
+            sheets = [(s.get("name"), s.get(_XL_REL_ID)) for s in child if _local(s.tag) == "sheet"]
+    strings_part = next((name[1:] for name, t in overrides if t == _XL_STRINGS_TYPE), None)
+    strings = _SharedStrings(budget)
+    if strings_part is not None:
+        strings.run(archive, strings_part)
+    dates, durations = _xlsx_date_styles(archive, budget)
+    members = set(archive.namelist())
+    out = _Outline()
+    for title, rel_id in sheets:
+        if not rel_id:
+            continue  # openpyxl dropped a sheet without a relationship, with a warning
+        target, kind = rels[rel_id]
+        if target not in members or "chartsheet" in kind:
+            continue
+        sheet = _Sheet(budget, strings.strings, dates, durations, epoch)
+        sheet.run(archive, target)
+        if sheet.lines:
+            out.heading(1, f'Sheet "{title}"')
+            out.paragraph("\n".join(sheet.lines))
+    title = None
+    if "docProps/core.xml" in members:
+        core = _xlsx_tree(archive, "docProps/core.xml", budget)
+        for node in core:  # by local name, the last one, as openpyxl's properties reader did
+            if _local(node.tag) == "title":
+                title = node.text
+    return out, (title or None)
 
 
 _ODF_TEXT = "urn:oasis:names:tc:opendocument:xmlns:text:1.0"
@@ -801,17 +1425,19 @@ def _q(ns: str, tag: str) -> str:
     return f"{{{ns}}}{tag}"
 
 
-def _read_xml(archive, name: str):
-    """Parse one member (expat resolves no external entities and caps entity expansion)."""
+def _read_xml(archive, name: str, budget: _Budget):
+    """Parse one member, counted against ``budget`` first (expat resolves no external entities
+    and caps entity expansion)."""
     try:
-        raw = archive.read(name)
+        info = archive.getinfo(name)
     except KeyError:
         return None
-    return ElementTree.fromstring(raw)
+    _scan_member(archive, info, budget)
+    return ElementTree.fromstring(archive.read(info))
 
 
-def _read_odt(data: bytes, archive) -> tuple[_Outline, str | None]:
-    content = _read_xml(archive, "content.xml")
+def _read_odt(data: bytes, archive, budget: _Budget) -> tuple[_Outline, str | None]:
+    content = _read_xml(archive, "content.xml", budget)
     if content is None:
         raise Skipped("unreadable odt")
     out = _Outline()
@@ -819,7 +1445,7 @@ def _read_odt(data: bytes, archive) -> tuple[_Outline, str | None]:
     if body is not None:
         _odt_blocks(body, out)
     title = None
-    meta = _read_xml(archive, "meta.xml")
+    meta = _read_xml(archive, "meta.xml", budget)
     if meta is not None:
         node = meta.find(f".//{_q(_DC, 'title')}")
         if node is not None and node.text and node.text.strip():
@@ -881,11 +1507,11 @@ _CONTAINER = "urn:oasis:names:tc:opendocument:xmlns:container"
 _XHTML_TYPES = {"application/xhtml+xml", "text/html"}
 
 
-def _read_epub(data: bytes, archive) -> tuple[_Outline, str | None]:
-    container = _read_xml(archive, "META-INF/container.xml")
+def _read_epub(data: bytes, archive, budget: _Budget) -> tuple[_Outline, str | None]:
+    container = _read_xml(archive, "META-INF/container.xml", budget)
     rootfile = container.find(f".//{_q(_CONTAINER, 'rootfile')}") if container is not None else None
     opf_path = rootfile.get("full-path") if rootfile is not None else None
-    package = _read_xml(archive, opf_path) if opf_path else None
+    package = _read_xml(archive, opf_path, budget) if opf_path else None
     if package is None:
         raise Skipped("unreadable epub")
     opf_dir = posixpath.dirname(opf_path)
@@ -900,9 +1526,11 @@ def _read_epub(data: bytes, archive) -> tuple[_Outline, str | None]:
             continue
         name = posixpath.normpath(posixpath.join(opf_dir, unquote(href.split("#", 1)[0])))
         try:
-            chapter = archive.read(name)
+            info = archive.getinfo(name)
         except KeyError:
             continue  # a spine entry the package does not hold
+        _scan_member(archive, info, budget, html=True)
+        chapter = archive.read(info)
         try:
             text, chapter_title, _used = _extract_html(chapter, None)
         except Skipped:

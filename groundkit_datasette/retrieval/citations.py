@@ -164,11 +164,18 @@ def _reextract(
     data: bytes, source: str, source_class: str, extractor: str, extractor_version: str,
     encoding: str | None = None,
 ) -> str:
-    from ..collection.extract import Skipped, extract_bytes
+    from ..collection.extract import Exceeded, ExtractionBusy, Skipped, extract_bytes
 
     # The suffix comes from the recorded source, as at ingest (not from a link's target).
+    # ``serving``: PDFs and packages are parsed in a child with the serving time limit, at most
+    # SERVE_EXTRACTIONS at once in this process (collection/extract.py, adr/0050).
     try:
-        extracted = extract_bytes(data, PurePosixPath(source).suffix, encoding=encoding)
+        extracted = extract_bytes(data, PurePosixPath(source).suffix, encoding=encoding,
+                                  serving=True)
+    except Exceeded as exc:  # a budget, the time or the memory limit: said as it is
+        raise _Unresolvable(f"{_NOT_EXTRACTABLE}: {exc.reason}") from None
+    except ExtractionBusy as exc:
+        raise _Unresolvable(str(exc)) from None
     except Skipped:
         raise _Unresolvable(_NOT_EXTRACTABLE) from None
     except Exception:  # malformed input can fail in a parser in many ways
