@@ -141,7 +141,8 @@ class LocalCluster:
                      *tls_args(self.certs, "scheduler")])
         for _ in range(2):
             self._start([sys.executable, "-m", "dask", "worker", self.address, "--nworkers", "1",
-                         "--nthreads", "1", "--protocol", "tls", "--host", "127.0.0.1", "--no-dashboard",
+                         "--nthreads", "1", "--protocol", "tls", "--host", "127.0.0.1",
+                         "--dashboard-address", "127.0.0.1:0",  # --no-dashboard still listens on 0.0.0.0
                          "--local-directory", str(tmp), "--preload", str(PLUGINS / "cluster_poison.py"),
                          *tls_args(self.certs, "worker")])
         from distributed import Client
