@@ -341,3 +341,42 @@ def test_a_reader_who_sees_everything_gets_the_stored_figures(built):
         one = col.search(query="harbour", mode="bm25", top_k=3)
         rows = dict(col.query("SELECT chunk_id, id FROM chunks"))
         assert [h.score for h in one.hits] == [stored[rows[h.chunk_id]] for h in one.hits]
+
+
+def _partial_vectors(tmp_path, name: str, hidden_docs: int):
+    """A collection with ``hidden_docs`` hidden documents whose public ferries document lost
+    its vectors (a partial table, published by hand as tests/test_cli.py does)."""
+    from groundkit_datasette.collection.vectors import open_table
+
+    docs = tmp_path / name / "docs"
+    (docs / "hr").mkdir(parents=True)
+    (docs / "hr" / ".groundkit-acl.json").write_text(json.dumps({"groups": ["hr"]}))
+    for i in range(hidden_docs):
+        (docs / "hr" / f"memo{i}.txt").write_text(f"Salary bands, memo {i}.\n")
+    (docs / "public.txt").write_text("The canteen opens at noon.\n")
+    (docs / "ferries.txt").write_text("Ferries leave the harbour every hour.\n")
+    index = tmp_path / name / "index"
+    ingest([docs], collection=NAME, index_dir=index, embedder="hs-vec")
+    path = index / f"{NAME}.sqlite3"
+    table = open_table(index / f"{NAME}.lance")
+    conn = sqlite3.connect(path)
+    with conn:
+        (ferries,) = conn.execute("SELECT document_id FROM documents WHERE source = 'ferries.txt'").fetchone()
+        table.delete(f"document_id = '{ferries}'")
+        conn.execute("UPDATE groundkit_manifest SET value = ? WHERE key = 'lance_version'",
+                     (str(table.version),))
+    conn.close()
+    return index
+
+
+def test_the_vector_coverage_reason_counts_only_readable_chunks(tmp_path):
+    """index_status's dense_unavailable_reason names counts: the reader's, like its other
+    counts, so one or five hidden documents read the same."""
+    one, five = _partial_vectors(tmp_path, "one", 1), _partial_vectors(tmp_path, "five", 5)
+    with Collection.open(NAME, index_dir=one) as a, Collection.open(NAME, index_dir=five) as b:
+        assert "vectors cover 6 of 7 chunks" in b.status().dense_unavailable_reason
+        seen_a = ScopedCollection(a, ANONYMOUS).status().model_dump(mode="json")
+        seen_b = ScopedCollection(b, ANONYMOUS).status().model_dump(mode="json")
+        assert (seen_b["vectors"], seen_b["chunks"], seen_b["dense_available"]) == (1, 2, False)
+        assert "vectors cover 1 of 2 chunks" in seen_b["dense_unavailable_reason"]
+        assert _differences(_status(seen_a), _status(seen_b)) == []

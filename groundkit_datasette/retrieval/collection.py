@@ -344,9 +344,8 @@ class Collection:
         vectors = None
         if embedding is not None:
             vectors = self.vector_count()
-            if reason is None and vectors < chunks:
-                reason = (f"vectors cover {vectors} of {chunks} chunks; "
-                          "re-run groundkit ingest to embed the rest")
+            if reason is None:
+                reason = coverage_reason(vectors, chunks)
         dense = reason is None
         from .modes import available_modes
         chunker = json.loads(self.manifest["chunker"]) if self.manifest.get("chunker") else None
@@ -413,6 +412,13 @@ class Collection:
             (json.dumps(sorted(hidden)),),
         )}
         return len(with_vector & readable)
+
+
+def coverage_reason(vectors: int, chunks: int) -> str | None:
+    """Why dense search is off when vectors cover only part of the chunks (None: all)."""
+    if vectors >= chunks:
+        return None
+    return f"vectors cover {vectors} of {chunks} chunks; re-run groundkit ingest to embed the rest"
 
 
 def _inside(path: Path, directory: Path) -> bool:

@@ -187,6 +187,16 @@ class ScopedCollection:
         if status.vectors is not None:  # counted over readable chunks only, like the rest
             update["vectors"] = (chunks if status.vectors >= status.chunks
                                  else col.vector_count(access.hidden_documents))
+            if status.vectors < status.chunks and status.dense_unavailable_reason is not None:
+                # The coverage reason names counts too: the reader's (issue 33.7).
+                from .collection import coverage_reason
+                from .modes import available_modes
+                from .rankers import dense_unavailable_reason
+
+                if dense_unavailable_reason(col) is None:
+                    reason = coverage_reason(update["vectors"], chunks)
+                    update.update(dense_unavailable_reason=reason, dense_available=reason is None,
+                                  modes=available_modes(col, reason))
         return status.model_copy(update=update)
 
     def _terms(self, hidden_json: str) -> int:
