@@ -7,6 +7,7 @@ the reader from another process. Nothing here asserts on time.
 """
 
 import os
+import shutil
 import sqlite3
 import stat
 import subprocess
@@ -320,27 +321,47 @@ def test_a_file_over_the_bound_is_skipped_by_its_size(tmp_path, base):
 # -- the walk ------------------------------------------------------------------------
 
 
+def remove_deep(root: Path) -> None:
+    """shutil.rmtree recurses once per level (pytest's clean-up of old temporary directories
+    too): move grandchild directories up beside ``root`` until every tree removed is shallow."""
+    pending, n = [root], 0
+    while pending:
+        current = pending.pop()
+        for entry in list(os.scandir(current)):
+            if entry.is_dir(follow_symlinks=False):
+                for sub in list(os.scandir(entry.path)):
+                    if sub.is_dir(follow_symlinks=False):
+                        target = root.parent / f"{root.name}-flat{n}"
+                        n += 1
+                        os.rename(sub.path, target)
+                        pending.append(target)
+        shutil.rmtree(current)
+
+
 def test_a_directory_tree_deeper_than_the_recursion_limit_is_walked(tmp_path):
     """The walk and the directory access lists climb with loops, not recursion: a tree 1,200
     directories deep (past Python's recursion limit) is ingested, not a RecursionError."""
     root = tmp_path / "deep"
     root.mkdir()
-    (root / "top.txt").write_text("top level\n")
-    fd = os.open(root, os.O_RDONLY)
     try:
-        for _ in range(1200):  # by descriptor: the path grows past PATH_MAX
-            os.mkdir("d", dir_fd=fd)
-            nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+        (root / "top.txt").write_text("top level\n")
+        fd = os.open(root, os.O_RDONLY)
+        try:
+            for _ in range(1200):  # by descriptor: the path grows past PATH_MAX
+                os.mkdir("d", dir_fd=fd)
+                nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+                os.close(fd)
+                fd = nxt
+            leaf = os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
+            os.write(leaf, b"the deepest kittiwake\n")
+            os.close(leaf)
+        finally:
             os.close(fd)
-            fd = nxt
-        leaf = os.open("leaf.txt", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd)
-        os.write(leaf, b"the deepest kittiwake\n")
-        os.close(leaf)
+        report = ingest([root], collection="deep", index_dir=tmp_path / "index", embedder="none")
+        assert report.added == 2 and report.failed == 0
+        assert "kittiwake" in chunk_texts(tmp_path / "index" / "deep.sqlite3")
     finally:
-        os.close(fd)
-    report = ingest([root], collection="deep", index_dir=tmp_path / "index", embedder="none")
-    assert report.added == 2 and report.failed == 0
-    assert "kittiwake" in chunk_texts(tmp_path / "index" / "deep.sqlite3")
+        remove_deep(root)
 
 
 # -- the serve-time read -------------------------------------------------------------
