@@ -33,6 +33,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from groundkit_datasette.collection import ingest as ingest_module
 from groundkit_datasette.collection.cluster import (ClusterError, ClusterMap, Rejected, accept, process_batch,
                                                    tls_security, unpicklings_refused)
+from groundkit_datasette.collection.extract import MAX_TEXT_CHARS
 from groundkit_datasette.collection.ingest import Indexer, Outcome, _Job, _sha, prepare_document
 from groundkit_datasette.collection.vectors import open_table
 
@@ -644,6 +645,7 @@ BAD_ANSWERS = [
     ("fields", lambda a: changed(a, document_id="d_x")),
     ("fields", lambda a: {k: v for k, v in a.items() if k != "pages"}),
     ("text", lambda a: changed(a, text=b"bytes")),
+    ("text", lambda a: changed(a, text=a["text"] + " " * MAX_TEXT_CHARS)),  # over the extraction budget
     ("extractor", lambda a: changed(a, extractor="pypdf")),
     ("extractor", lambda a: changed(a, extractor="custom")),
     ("extractor", lambda a: changed(a, extractor_version="999")),

@@ -41,7 +41,8 @@ import numpy as np
 
 from ..errors import InvalidRequest
 from .chunking import Chunk, chunk_text
-from .extract import _PACKAGED, Skipped, extract_bytes, extractor_available, page_for_offset, source_class_for
+from .extract import (_PACKAGED, MAX_TEXT_CHARS, Skipped, extract_bytes, extractor_available, page_for_offset,
+                      source_class_for)
 from .ingest import (Outcome, _DocumentColumns, _Prepared, _sha, _suffix, chunk_ids_for, document_id_for,
                      embedding_text)
 
@@ -309,7 +310,9 @@ def accept(job, answer, settings, have=(), dimensions: int | None = None) -> _Pr
     if keys != DOCUMENT_KEYS:
         raise Rejected("fields")
     text, title, encoding = answer["text"], answer["title"], answer["encoding"]
-    if not isinstance(text, str) or not (title is None or isinstance(title, str)):
+    # Over the extraction budget a local run skips the file; a worker cannot make this one hold more.
+    if (not isinstance(text, str) or len(text) > MAX_TEXT_CHARS
+            or not (title is None or isinstance(title, str))):
         raise Rejected("text")
     source_class, extractor = _expected_extractor(job.source)
     version = answer["extractor_version"]
