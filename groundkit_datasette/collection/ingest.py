@@ -505,9 +505,10 @@ class Indexer:
         def symlink(rel: str):
             try:
                 target = tree.resolve(rel)
-            except safe_read.Refused:
-                report.skip(rel, "symlink outside base directory")
-                log.warning("refused symlink leaving the base directory: %s", rel)
+            except safe_read.Refused as refused:
+                report.skip(rel, refused.reason)
+                if refused.reason == safe_read.OUTSIDE:
+                    log.warning("refused symlink leaving the base directory: %s", rel)
                 return None
             try:
                 mode = tree.lstat(target).st_mode

@@ -201,7 +201,10 @@ class Base:
 
         Resolved by path once, then only ever opened from the descriptor without following."""
         _parts(rel)
-        real = os.path.realpath(os.path.join(self.path, rel))
+        try:
+            real = os.path.realpath(os.path.join(self.path, rel))
+        except OSError:  # a link replaced between realpath's lstat and readlink (EINVAL)
+            raise Refused(CHANGED) from None
         if real == self.path:
             return ""
         if not real.startswith(self.path.rstrip("/") + "/"):
