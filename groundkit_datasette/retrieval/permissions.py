@@ -87,9 +87,9 @@ def deny_row_reads(action, arg1, arg2, _db, _trigger):
 def collection_has_acl(path: Path) -> bool:
     """Whether the collection file now at ``path`` is protected (see connection_is_protected).
 
-    Only for decisions that are re-checked against the version read: Datasette's
-    ``permission_allowed`` (backed by ``deny_row_reads`` on the connection that runs the
-    query). groundkit's own surfaces ask the open ``Collection``."""
+    Only for decisions that are re-checked against the version read: Datasette's permission
+    hooks (surfaces/datasette_compat.py), backed by ``deny_row_reads`` on the connection that
+    runs the query. groundkit's own surfaces ask the open ``Collection``."""
     from ..collection.schema import FileIdentity, connect_readonly
 
     try:
