@@ -50,6 +50,8 @@ def collection_file(db) -> Path | None:
     path = getattr(db, "path", None)
     if not path or getattr(db, "is_memory", False):
         return None
+    if isinstance(db, CollectionVersion):  # recognised when it was served (live_database.py)
+        return Path(path)
     path = Path(path)
     return path if is_collection_file(path) else None
 
