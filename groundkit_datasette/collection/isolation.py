@@ -34,11 +34,12 @@ import threading
 import time
 
 __all__ = ["Busy", "ChildFailed", "ChildTimeout", "ChildOutOfMemory", "Slots", "in_child",
-           "run_isolated", "server_pid"]
+           "end_workers", "run_in_worker", "run_isolated", "server_pid", "worker_pids"]
 
 # What the fork server imports once, so each child starts with the parsers loaded.
+# ("module:function" also calls the function once, after the import.)
 PRELOAD = ("groundkit_datasette.collection.extract", "pypdf", "pypdfium2", "docx", "pptx",
-           "openpyxl")
+           "openpyxl", "groundkit_datasette.collection.extract:warm_up")
 # An answer larger than this is refused (the text budget keeps real ones far below).
 MAX_ANSWER_BYTES = 512 * 1024 * 1024
 # After a kill, how long to wait for the server to report the child reaped.
@@ -76,14 +77,8 @@ def run_isolated(fn, *args, timeout: float, memory_bytes: int, passthrough=()):
     ``ChildTimeout``; anything else is ``ChildFailed``. When this returns or raises, the
     child is gone (reaped by the server).
     """
-    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if (not module or module == "__main__" or not name.isidentifier()
-            or getattr(sys.modules.get(module), name, None) is not fn):
-        raise TypeError("run_isolated needs a function defined at the top of an importable module")
     names = {cls.__name__: cls for cls in passthrough}
-    blobs: list[bytes] = []
-    request = json.dumps({"fn": [module, name], "args": _pack(list(args), blobs),
-                          "memory": int(memory_bytes), "cpu": max(1, int(timeout) + 1)}).encode()
+    request = _encode_call(fn, args, timeout, memory_bytes)
     deadline = time.monotonic() + timeout
     token = secrets.token_hex(8)
     conn = _server().start(token)
@@ -93,7 +88,7 @@ def run_isolated(fn, *args, timeout: float, memory_bytes: int, passthrough=()):
     try:
         try:
             conn.settimeout(max(0.001, deadline - time.monotonic()))
-            _send_frames(conn, [request, *blobs])
+            _send_frames(conn, request)
             frames, status = _receive_answer(conn, deadline)
         except TimeoutError:  # socket.timeout
             frames = None
@@ -115,12 +110,30 @@ def run_isolated(fn, *args, timeout: float, memory_bytes: int, passthrough=()):
         if status in (-signal.SIGKILL, _EXIT_NO_MEMORY):  # not ours: the kernel's OOM killer
             raise ChildOutOfMemory()
         raise ChildFailed()
-    try:  # a compromised child may send anything: it is parsed, never trusted
+    return _decode_answer(frames, names)[0]
+
+
+def _encode_call(fn, args, timeout: float, memory_bytes: int) -> list[bytes]:
+    """The request frames: which function (by module and name), its arguments, the limits."""
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if (not module or module == "__main__" or not name.isidentifier()
+            or getattr(sys.modules.get(module), name, None) is not fn):
+        raise TypeError("run_isolated needs a function defined at the top of an importable module")
+    blobs: list[bytes] = []
+    header = json.dumps({"fn": [module, name], "args": _pack(list(args), blobs),
+                         "memory": int(memory_bytes), "cpu": max(1, int(timeout) + 1)}).encode()
+    return [header, *blobs]
+
+
+def _decode_answer(frames, names):
+    """``(value, header)`` from a child's answer frames, or the exception it stands for. A
+    compromised child may send anything: it is parsed, never trusted."""
+    try:
         header = json.loads(frames[0])
         if not isinstance(header, dict):
             raise ValueError
         if "error" not in header:
-            return _unpack(header["value"], frames[1:])
+            return _unpack(header["value"], frames[1:]), header
         kind, message = str(header["error"]), str(header.get("message", ""))
     except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         raise ChildFailed() from None
@@ -192,7 +205,7 @@ class _Server:
         os.set_inheritable(theirs.fileno(), True)
         try:
             config = json.dumps({"control": theirs.fileno(), "alive": alive_r,
-                                 "path": [p for p in sys.path if isinstance(p, str)],
+                                 "path": list(dict.fromkeys(p for p in sys.path if isinstance(p, str))),
                                  "preload": list(PRELOAD)})
             self.process = subprocess.Popen(
                 [sys.executable, "-c",
@@ -333,11 +346,7 @@ def _serve(config_json: str) -> None:
     warnings.simplefilter("ignore")
     logging.root.addHandler(logging.NullHandler())
     logging.root.setLevel(logging.CRITICAL)
-    for module in config["preload"]:
-        try:
-            importlib.import_module(module)
-        except Exception:  # an optional parser that is not installed
-            pass
+    _preload(config["preload"])
     import gc
 
     gc.collect()
@@ -452,41 +461,294 @@ def _child(conn: socket.socket) -> int:
     """Read the request, set the limits, run the function, send the answer."""
     global _IN_CHILD
     _IN_CHILD = True
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing parser leaves no core file
+    frames = _read_request(conn)
+    answer, code = _run_call(frames, hard_limits=True)
+    if answer is not None:
+        _send_frames(conn, answer)
+    return code
+
+
+def _read_request(conn) -> list[bytes] | None:
+    """A request's frames, or None at the end of the connection."""
     frames = []
-    while True:
-        (length,) = _FRAME.unpack(_recv_exact(conn, _FRAME.size, None))
-        if length == 0:
-            break
-        frames.append(_recv_exact(conn, length, None))
+    try:
+        while True:
+            (length,) = _FRAME.unpack(_recv_exact(conn, _FRAME.size, None))
+            if length == 0:
+                return frames
+            frames.append(_recv_exact(conn, length, None))
+    except EOFError:
+        return None
+
+
+_reserve: list = []
+
+
+def _run_call(frames, hard_limits: bool, extra: dict | None = None):
+    """Run one request under its limits: ``(answer frames or None, exit code)``. The address
+    space may grow by the request's ``memory`` from here; CPU time by its ``cpu`` seconds (a
+    backstop for the caller's kill: CPU seconds cannot exceed wall seconds). A fresh child's
+    limits are hard; a worker's are soft, set again for each call under an unlimited hard one."""
     request = json.loads(frames[0])
     args = _unpack(request["args"], frames[1:])
     del frames
     module, name = request["fn"]
     fn = getattr(importlib.import_module(module), name)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crashing parser leaves no core file
-    # Memory to answer with once the work has taken all it may: given back on MemoryError.
-    reserve = bytearray(_RESERVE_BYTES)
-    limit = _address_space() + int(request["memory"])
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    # A backstop for the caller's kill: CPU seconds cannot exceed wall seconds.
-    cpu = int(request["cpu"])
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    if not _reserve:  # memory to answer with once the work has taken all it may
+        _reserve.append(bytearray(_RESERVE_BYTES))
+    memory = _address_space() + int(request["memory"])
+    cpu = int(sum(resource.getrusage(resource.RUSAGE_SELF)[:2])) + int(request["cpu"])
+    as_hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    cpu_hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+    memory, cpu = _within(memory, as_hard), _within(cpu, cpu_hard)
+    if hard_limits:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, _within(cpu + 1, cpu_hard)))
+    else:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, as_hard))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu_hard))
     blobs: list[bytes] = []
     try:
         value = fn(*args)
         del args
-        header = json.dumps({"value": _pack(value, blobs)}).encode()
+        header = {"value": _pack(value, blobs)}
+        code = 0
     except BaseException as exc:  # noqa: BLE001 - everything goes back as a name
         args = value = None
-        del reserve
+        if isinstance(exc, MemoryError):
+            _reserve.clear()
         message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else ""
+        header = {"error": type(exc).__name__, "message": message[:1000]}
         blobs = []
+        code = _EXIT_NO_MEMORY if isinstance(exc, MemoryError) else 0
+    if not hard_limits:  # between calls a worker is not held to the last call's limits
+        resource.setrlimit(resource.RLIMIT_AS, (as_hard, as_hard))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu_hard, cpu_hard))
+    try:
+        header.update(extra or {})
+        if "value" in header:
+            header["address_space"] = _address_space()
+        return [json.dumps(header).encode(), *blobs], code
+    except MemoryError:
+        return None, _EXIT_NO_MEMORY
+
+
+def _within(value: int, hard: int) -> int:
+    return value if hard == resource.RLIM_INFINITY else min(value, hard)
+
+
+# -- reusable workers ----------------------------------------------------------------------------
+#
+# A fresh child per call costs a fork, its copy-on-write faults and its teardown: 10-20 ms on
+# this machine, as much as parsing a small docx. Extraction runs in workers instead: a child
+# interpreter (started with subprocess, so it is nobody's fork) that takes calls one at a time,
+# each under its own limits: address space beyond what it holds when the call starts, CPU
+# seconds from then, and the caller's wall-clock kill. A worker that fails in any way (killed,
+# out of memory, crashed, an answer that does not parse) is ended and never used again; one
+# that has answered MAX_WORKER_CALLS calls, or grown by WORKER_GROWTH_BYTES, is retired.
+
+MAX_WORKER_CALLS = 500
+WORKER_GROWTH_BYTES = 256 * 1024 * 1024
+# How long a worker may take to start and import the parsers (not counted in a call's time).
+WORKER_START_SECONDS = 60.0
+
+
+class _Worker:
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair()
+        os.set_inheritable(theirs.fileno(), True)
         try:
-            header = json.dumps({"error": type(exc).__name__, "message": message[:1000]}).encode()
-        except MemoryError:
-            return _EXIT_NO_MEMORY
-    _send_frames(conn, [header, *blobs])
-    return 0
+            config = json.dumps({"conn": theirs.fileno(),
+                                 "path": list(dict.fromkeys(p for p in sys.path if isinstance(p, str))),
+                                 "preload": list(PRELOAD)})
+            self.process = subprocess.Popen(
+                [sys.executable, "-c",
+                 "import sys; from groundkit_datasette.collection.isolation import _work; "
+                 "_work(sys.argv[1])", config],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                    filter(None, [_PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))},
+            )
+        finally:
+            theirs.close()
+        self.conn = ours
+        self.calls = 0
+        self.started = False  # said it is ready: its imports are done
+        self.first_space: int | None = None
+        self.owner = os.getpid()
+
+    def call(self, request: list[bytes], names: dict, timeout: float):
+        """One call; on any failure the worker is ended (and reaped) before this raises."""
+        if not self.started:  # its imports first, outside the call's own time
+            try:
+                ready, _status = _receive_answer(self.conn, time.monotonic() + WORKER_START_SECONDS)
+            except (TimeoutError, OSError):
+                ready = None
+            self.started = True
+            if ready != [b"ready"]:
+                self.end()
+                raise ChildFailed()
+        deadline = time.monotonic() + timeout
+        try:
+            self.conn.settimeout(max(0.001, deadline - time.monotonic()))
+            _send_frames(self.conn, request)
+            frames, _status = _receive_answer(self.conn, deadline)
+        except TimeoutError:
+            self.end()
+            raise ChildTimeout() from None
+        except OSError:
+            frames = None
+        if frames is None:  # it died: how?
+            status = self.end()
+            if status == -signal.SIGXCPU:
+                raise ChildTimeout()
+            if status in (-signal.SIGKILL, _EXIT_NO_MEMORY):
+                raise ChildOutOfMemory()
+            raise ChildFailed()
+        self.calls += 1
+        try:
+            value, header = _decode_answer(frames, names)
+        except BaseException as exc:
+            if not isinstance(exc, tuple(names.values())) or isinstance(exc, ChildFailed):
+                self.end()  # out of memory, or an answer that does not parse: not used again
+            raise
+        space = header.get("address_space")
+        if isinstance(space, int):
+            if self.first_space is None:
+                self.first_space = space
+            elif space - self.first_space > WORKER_GROWTH_BYTES:
+                self.calls = MAX_WORKER_CALLS  # retired on return
+        return value
+
+    def usable(self) -> bool:
+        return (self.owner == os.getpid() and self.calls < MAX_WORKER_CALLS
+                and self.process.poll() is None)
+
+    def end(self) -> int | None:
+        """Kill and reap it; its exit status (``-signal`` if killed)."""
+        if self.owner != os.getpid():
+            return None
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+        if self.process.poll() is None:
+            try:
+                self.process.send_signal(signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            return self.process.wait(timeout=REAP_SECONDS)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+_idle: list[_Worker] = []
+_idle_lock = threading.Lock()
+_idle_owner = [os.getpid()]
+# Workers kept waiting between calls (a server runs at most Slots' count at once).
+MAX_IDLE_WORKERS = 2
+
+
+def run_in_worker(fn, *args, timeout: float, memory_bytes: int, passthrough=()):
+    """``fn(*args)`` as :func:`run_isolated` runs it (the same rules for ``fn``, its arguments,
+    its answer and its exceptions), in a reusable worker: the limits are per call, and a
+    worker is ended after any failure, so a hostile input costs its own call only."""
+    names = {cls.__name__: cls for cls in passthrough}
+    request = _encode_call(fn, args, timeout, memory_bytes)
+    worker = None
+    with _idle_lock:
+        if _idle_owner[0] != os.getpid():  # a forked process: its parent's workers are not its own
+            for inherited in _idle:
+                inherited.conn.detach()
+                _abandoned.append(inherited)
+            _idle.clear()
+            _idle_owner[0] = os.getpid()
+        while _idle and worker is None:
+            candidate = _idle.pop()
+            if candidate.usable():
+                worker = candidate
+            else:
+                candidate.end()
+    if worker is None:
+        worker = _Worker()
+    try:
+        value = worker.call(request, names, timeout)  # a failure has ended the worker
+    except ChildFailed:
+        raise
+    except BaseException:  # an exception passed through: an answer, the worker is sound
+        _return(worker)
+        raise
+    _return(worker)
+    return value
+
+
+def _return(worker: _Worker) -> None:
+    with _idle_lock:
+        if worker.usable() and len(_idle) < MAX_IDLE_WORKERS:
+            _idle.append(worker)
+            return
+    worker.end()
+
+
+def end_workers() -> None:
+    """End this process's idle workers (the memory they hold goes back at once)."""
+    with _idle_lock:
+        idle = [w for w in _idle if w.owner == os.getpid()]
+        _idle.clear()
+    for worker in idle:
+        worker.end()
+
+
+def worker_pids() -> list[int]:
+    """The idle workers' pids (for tests and diagnostics)."""
+    with _idle_lock:
+        return [w.process.pid for w in _idle if w.owner == os.getpid()]
+
+
+def _work(config_json: str) -> None:
+    """A worker's main loop: a call at a time until the connection ends."""
+    global _IN_CHILD
+    import gc
+    import warnings
+    import logging
+
+    _IN_CHILD = True
+    config = json.loads(config_json)
+    for path in reversed(config["path"]):
+        if path not in sys.path:
+            sys.path.insert(0, path)
+    warnings.simplefilter("ignore")
+    logging.root.addHandler(logging.NullHandler())
+    logging.root.setLevel(logging.CRITICAL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the caller's to act on
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    _preload(config["preload"])
+    gc.collect()
+    conn = socket.socket(fileno=config["conn"])
+    _send_frames(conn, [b"ready"])
+    while True:
+        frames = _read_request(conn)
+        if frames is None:
+            return
+        answer, code = _run_call(frames, hard_limits=False)
+        if answer is not None:
+            _send_frames(conn, answer)
+        if code:  # out of memory: its heap is not to be trusted with another call
+            os._exit(code)
+
+
+def _preload(entries) -> None:
+    for entry in entries:
+        module, _, function = entry.partition(":")
+        try:
+            loaded = importlib.import_module(module)
+            if function:  # a warm-up: what every call would otherwise do first, done once
+                getattr(loaded, function)()
+        except Exception:  # an optional parser that is not installed
+            pass
 
 
 def _address_space() -> int:
