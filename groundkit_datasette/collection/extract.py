@@ -302,9 +302,9 @@ def _extract_isolated(data: bytes, suffix: str, max_bytes: int, encoding: str | 
 
 
 def warm_up() -> None:
-    """Extract a small file of every isolated format, once, in the fork server: the libraries'
-    lazy imports, compiled patterns and caches are then inherited by every child instead of
-    being rebuilt in each (which cost a child 10-20 ms)."""
+    """Extract a small file of every isolated format, once, where calls will run (a worker, the
+    fork server): the libraries' lazy imports, compiled patterns and caches are then ready for
+    every call (or inherited by every child) instead of being built by the first."""
     samples = [(".pdf", _warm_pdf())]
     try:
         import docx

@@ -5,15 +5,18 @@ on a hostile file (issue 33: a 30 KB spreadsheet that becomes 1.9 GB, a 1.3 KB P
 renders for two minutes). Run in a child, such a file costs its own job: the child is killed at
 the deadline or fails at its address-space limit, and the ingest or the server goes on.
 
-Children come from a fork server: a fresh interpreter started once per process (with
-``subprocess``, so it is safe from a threaded server, a daemonic Dask worker or a forked map
-stage child alike) that imports the parsers once and forks a child per call. Forking that
-small, single-threaded process is cheap, and is safe where forking a threaded server or ingest
-would not be. A call reaches the server as one datagram on a private socket pair, carrying a
-fresh connection; the arguments and the answer travel on that connection as JSON plus raw byte
-frames, never as a pickle, so a parser the file compromised cannot make the parent run code.
-When the child has ended, the server reaps it and sends its exit status last, so a call that
-returns has no child left behind (one that answered is killed if it lingers).
+Two ways to run a call, both answering as JSON plus raw byte frames, never as a pickle, so a
+parser the file compromised cannot make the parent run code:
+
+- ``run_in_worker`` (extraction): a worker is a child interpreter started with ``subprocess``
+  (safe from a threaded server, a daemonic Dask worker or a forked map-stage child alike) with
+  the parsers imported and warmed up; it takes calls one at a time, each under its own limits,
+  and is ended after any failure. A call costs a round trip, not a process.
+- ``run_isolated`` (pdfium's renders, adr/0052): a fresh child per call from a fork server (a
+  clean interpreter started once per process), reached by one datagram on a private socket pair
+  carrying a fresh connection. The server reaps the child and sends its exit status last, so a
+  call that returns has no child left behind (one that answered is killed if it lingers).
+
 See adr/0050-isolated-extraction.md.
 """
 
