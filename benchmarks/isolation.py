@@ -45,22 +45,9 @@ def worker(corpus: str, index: str) -> None:
     import groundkit_datasette
     from groundkit_datasette.collection.ingest import Indexer
 
-    import resource
-
-    def cpu() -> float:  # this process and its reaped children (map stage, workers)
-        return sum(sum(resource.getrusage(who)[:2])
-                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
-
-    started, cpu_started = time.perf_counter(), cpu()
+    started = time.perf_counter()
     report = Indexer("bench", index_dir=index, embedder="none").ingest([corpus])
     seconds = time.perf_counter() - started
-    try:  # the extraction workers' CPU counts once they are reaped
-        from groundkit_datasette.collection import isolation
-
-        isolation.end_workers()
-    except (ImportError, AttributeError):
-        pass  # the tree before: no workers
-    cpu_seconds = cpu() - cpu_started
     import hashlib
     import sqlite3
 
@@ -69,7 +56,7 @@ def worker(corpus: str, index: str) -> None:
                         "ORDER BY source").fetchall() if report.published else []
     conn.close()
     texts = hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:12]  # every document's text
-    print(json.dumps({"seconds": seconds, "cpu": cpu_seconds, "added": report.added,
+    print(json.dumps({"seconds": seconds, "added": report.added,
                       "chunks": report.chunks_written,
                       "texts": texts,
                       "skipped": dict(report.skipped_files), "map_stage": report.map_stage,
@@ -256,7 +243,6 @@ def main() -> None:
     print(f"# isolation benchmark: {c.machine()}; before {sides['before'].name}, "
           f"after {sides['after'].name}; {args.repeats} alternated repeats; work {work}")
     times: dict = {(n, s): [] for n in names for s in sides}
-    cpus: dict = {(n, s): [] for n in names for s in sides}
     facts: dict = {}
     for repeat in range(args.repeats):
         order = list(sides) if repeat % 2 == 0 else list(sides)[::-1]
@@ -266,7 +252,6 @@ def main() -> None:
                 subprocess.run(["rm", "-rf", str(index)], check=True)
                 out = run_side(sides[side], folders[name], index)
                 times[(name, side)].append(out["seconds"])
-                cpus[(name, side)].append(out["cpu"])
                 facts[(name, side)] = out
     rows = []
     for name in names:
@@ -275,13 +260,12 @@ def main() -> None:
         fb, fa = facts[(name, "before")], facts[(name, "after")]
         ratio = after / before
         best = min(times[(name, "after")]) / min(times[(name, "before")])
-        cpu_ratio = statistics.median(cpus[(name, "after")]) / statistics.median(cpus[(name, "before")])
         rows.append([name, fb["added"], fa["chunks"], "yes" if fb["texts"] == fa["texts"] else "NO",
                      fb["map_stage"], before, after, f"{ratio:.2f}", f"{best:.2f}",
-                     f"{cpu_ratio:.2f}", "met" if ratio <= TARGET else "missed"])
+                     "met" if ratio <= TARGET else "missed"])
     print(c.table(["corpus", "documents", "chunks", "same text", "map stage",
                    "before s (median)", "after s (median)", "after/before", "best/best",
-                   "CPU after/before", f"median <= {TARGET}"], rows))
+                   f"median <= {TARGET}"], rows))
     for name in names:
         print(f"  {name}: before {[round(t, 2) for t in times[(name, 'before')]]}, "
               f"after {[round(t, 2) for t in times[(name, 'after')]]}")

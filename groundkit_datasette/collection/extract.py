@@ -285,7 +285,8 @@ def _extract_isolated(data: bytes, suffix: str, max_bytes: int, encoding: str | 
     try:
         plain = isolation.run_in_worker(
             _extract_plain, data, suffix, max_bytes, encoding, timeout=seconds,
-            memory_bytes=EXTRACT_MEMORY_BYTES, passthrough=(Exceeded, Skipped))
+            memory_bytes=EXTRACT_MEMORY_BYTES, passthrough=(Exceeded, Skipped),
+            imports=_LIBRARIES.get(_norm_suffix(suffix), ()))
     except isolation.ChildTimeout:
         raise Exceeded(f"extraction timed out after {limit:g} s", "time") from None
     except isolation.ChildOutOfMemory:
@@ -362,6 +363,16 @@ def _warm_pdf() -> bytes:
     out += b"xref\n0 6\n0000000000 65535 f \n" + b"".join(b"%010d 00000 n \n" % o for o in offsets)
     out += b"trailer\n<< /Size 6 /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % xref
     return bytes(out)
+
+
+# What a worker imports before an extraction of each kind, outside its memory limit.
+_LIBRARIES = {
+    ".pdf": ("pypdf",),
+    ".docx": ("docx", "docx.table"),
+    ".pptx": ("pptx", "pptx.shapes.group"),
+    ".xlsx": ("openpyxl", "openpyxl.utils.cell", "openpyxl.utils.datetime",
+              "openpyxl.styles.numbers"),
+}
 
 
 def _extract_plain(data: bytes, suffix: str, max_bytes: int, encoding: str | None) -> dict:

@@ -40,9 +40,12 @@ __all__ = ["Busy", "ChildFailed", "ChildTimeout", "ChildOutOfMemory", "Slots", "
            "end_workers", "run_in_worker", "run_isolated", "server_pid", "worker_pids"]
 
 # What the fork server imports once, so each child starts with the parsers loaded.
-# ("module:function" also calls the function once, after the import.)
+# ("module:function" also calls the function once, after the import.) The fork server's
+# children all inherit what it did; a worker does the rest on its first calls, as needed (a
+# folder of PDFs never imports python-docx), so it starts in a fraction of the time.
 PRELOAD = ("groundkit_datasette.collection.extract", "pypdf", "pypdfium2", "docx", "pptx",
            "openpyxl", "groundkit_datasette.collection.extract:warm_up")
+WORKER_PRELOAD = ("groundkit_datasette.collection.extract",)
 # An answer larger than this is refused (the text budget keeps real ones far below).
 MAX_ANSWER_BYTES = 512 * 1024 * 1024
 # After a kill, how long to wait for the server to report the child reaped.
@@ -116,7 +119,7 @@ def run_isolated(fn, *args, timeout: float, memory_bytes: int, passthrough=()):
     return _decode_answer(frames, names)[0]
 
 
-def _encode_call(fn, args, timeout: float, memory_bytes: int) -> list[bytes]:
+def _encode_call(fn, args, timeout: float, memory_bytes: int, imports=()) -> list[bytes]:
     """The request frames: which function (by module and name), its arguments, the limits."""
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if (not module or module == "__main__" or not name.isidentifier()
@@ -124,7 +127,8 @@ def _encode_call(fn, args, timeout: float, memory_bytes: int) -> list[bytes]:
         raise TypeError("run_isolated needs a function defined at the top of an importable module")
     blobs: list[bytes] = []
     header = json.dumps({"fn": [module, name], "args": _pack(list(args), blobs),
-                         "memory": int(memory_bytes), "cpu": max(1, int(timeout) + 1)}).encode()
+                         "memory": int(memory_bytes), "cpu": max(1, int(timeout) + 1),
+                         "imports": [str(m) for m in imports]}).encode()
     return [header, *blobs]
 
 
@@ -498,6 +502,11 @@ def _run_call(frames, hard_limits: bool, extra: dict | None = None):
     del frames
     module, name = request["fn"]
     fn = getattr(importlib.import_module(module), name)
+    for library in request.get("imports", ()):
+        try:
+            importlib.import_module(library)
+        except ImportError:
+            pass  # not installed: the call says so itself
     if not _reserve:  # memory to answer with once the work has taken all it may
         _reserve.append(bytearray(_RESERVE_BYTES))
     memory = _address_space() + int(request["memory"])
@@ -564,7 +573,7 @@ class _Worker:
         try:
             config = json.dumps({"conn": theirs.fileno(),
                                  "path": list(dict.fromkeys(p for p in sys.path if isinstance(p, str))),
-                                 "preload": list(PRELOAD)})
+                                 "preload": list(WORKER_PRELOAD)})
             self.process = subprocess.Popen(
                 [sys.executable, "-c",
                  "import sys; from groundkit_datasette.collection.isolation import _work; "
@@ -655,12 +664,14 @@ _idle_owner = [os.getpid()]
 MAX_IDLE_WORKERS = 2
 
 
-def run_in_worker(fn, *args, timeout: float, memory_bytes: int, passthrough=()):
+def run_in_worker(fn, *args, timeout: float, memory_bytes: int, passthrough=(), imports=()):
     """``fn(*args)`` as :func:`run_isolated` runs it (the same rules for ``fn``, its arguments,
     its answer and its exceptions), in a reusable worker: the limits are per call, and a
-    worker is ended after any failure, so a hostile input costs its own call only."""
+    worker is ended after any failure, so a hostile input costs its own call only. The modules
+    in ``imports`` are imported first, outside the memory limit (a library's code is not the
+    input's cost)."""
     names = {cls.__name__: cls for cls in passthrough}
-    request = _encode_call(fn, args, timeout, memory_bytes)
+    request = _encode_call(fn, args, timeout, memory_bytes, imports)
     worker = None
     with _idle_lock:
         if _idle_owner[0] != os.getpid():  # a forked process: its parent's workers are not its own
