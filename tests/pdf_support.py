@@ -50,6 +50,11 @@ def make_pdf(pages: list[list[str]], *, rotate: dict[int, int] | None = None,
     objects[catalog - 1] = f"<< /Type /Catalog /Pages {tree} 0 R >>".encode()
     objects[tree - 1] = (f"<< /Type /Pages /Kids [{' '.join(f'{k} 0 R' for k in kids)}]"
                          f" /Count {len(kids)} >>").encode()
+    return write_pdf(objects, catalog)
+
+
+def write_pdf(objects: list[bytes], catalog: int) -> bytes:
+    """A PDF of the given objects (numbered from 1) with a correct xref table."""
     out = bytearray(b"%PDF-1.4\n%\xe2\xe3\xcf\xd3\n")
     offsets = []
     for i, body in enumerate(objects, start=1):
@@ -62,3 +67,8 @@ def make_pdf(pages: list[list[str]], *, rotate: dict[int, int] | None = None,
     out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
         len(objects) + 1, catalog, xref)
     return bytes(out)
+
+
+def pdf_stream(dictionary: bytes, data: bytes) -> bytes:
+    """A stream object's body: ``dictionary`` entries plus /Length, then ``data``."""
+    return b"<< " + dictionary + b" /Length %d >>\nstream\n" % len(data) + data + b"\nendstream"

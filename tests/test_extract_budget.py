@@ -28,6 +28,7 @@ from groundkit_datasette.collection.extract import (Exceeded, ExtractionBusy, Sk
                                                     extract_file)
 from groundkit_datasette.collection.ingest import Indexer, ingest
 from groundkit_datasette.retrieval.collection import Collection
+from .pdf_support import write_pdf
 
 TEXT_BUDGET = "exceeds the extraction budget: 20,000,000 characters of text"
 PAGE_BUDGET = "exceeds the extraction budget: 10,000 pages"
@@ -103,17 +104,7 @@ def many_pages_pdf(pages: int, text: str = "page") -> bytes:
         objs[5 + i] = (b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] "
                        b"/Resources << /Font << /F1 3 0 R >> >> /Contents 4 0 R >>")
     objs[2] = b"<< /Type /Pages /Kids [" + b" ".join(kids) + b"] /Count %d >>" % pages
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = {}
-    for number in sorted(objs):
-        offsets[number] = len(out)
-        out += b"%d 0 obj\n" % number + objs[number] + b"\nendobj\n"
-    xref, size = len(out), max(objs) + 1
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % size
-    for number in range(1, size):
-        out += b"%010d 00000 n \n" % offsets[number]
-    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (size, xref)
-    return bytes(out)
+    return write_pdf([objs[n] for n in range(1, max(objs) + 1)], 1)
 
 
 def ordinary_files(root: Path) -> None:
@@ -481,11 +472,11 @@ def test_the_fork_server_and_the_workers_end_with_their_owner():
     script = ("import sys\n"
               "sys.path.insert(0, sys.argv[1])\n"
               "from groundkit_datasette.collection import extract, isolation\n"
-              "import test_extract_budget as t\n"
+              "import tests.test_extract_budget as t\n"
               "isolation.run_isolated(t.echo, timeout=60, memory_bytes=1 << 28)\n"
               "try:\n    extract.extract_bytes(b'x', '.pdf')\nexcept extract.Skipped:\n    pass\n"
               "print(isolation.server_pid(), *isolation.worker_pids())\n")
-    result = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent)],
+    result = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent.parent)],
                             capture_output=True, text=True, timeout=120)
     left = [int(pid) for pid in result.stdout.split()]
     assert len(left) == 2, result.stderr

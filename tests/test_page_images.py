@@ -22,7 +22,7 @@ from groundkit_datasette.retrieval.page_images import (
 )
 
 from .conftest import snapshot
-from .pdf_support import make_pdf
+from .pdf_support import make_pdf, pdf_stream, write_pdf
 
 REPORT = [
     ["Field report: the north array",
@@ -375,25 +375,6 @@ async def test_pdf_hits_are_told_apart_by_their_pages(pdf_corpus):
 # -- hostile PDFs: a page that renders for hours, one that needs gigabytes, 1,001 pages ----
 
 
-def _pdf(objects: list[bytes], catalog: int) -> bytes:
-    """A PDF of the given objects (numbered from 1) with a correct xref table."""
-    out = bytearray(b"%PDF-1.4\n")
-    offsets = []
-    for i, body in enumerate(objects, start=1):
-        offsets.append(len(out))
-        out += b"%d 0 obj\n" % i + body + b"\nendobj\n"
-    xref = len(out)
-    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
-    out += b"".join(b"%010d 00000 n \n" % off for off in offsets)
-    out += b"trailer\n<< /Size %d /Root %d 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (
-        len(objects) + 1, catalog, xref)
-    return bytes(out)
-
-
-def _stream(dictionary: bytes, data: bytes) -> bytes:
-    return b"<< " + dictionary + b" /Length %d >>\nstream\n" % len(data) + data + b"\nendstream"
-
-
 def nested_pdf(depth: int, *, masks: bool) -> bytes:
     """One page of two text lines over ``depth`` levels of forms, each drawing the next twice.
 
@@ -415,24 +396,24 @@ def nested_pdf(depth: int, *, masks: bool) -> bytes:
             group = b"/Type /XObject /Subtype /Form /BBox [0 0 612 792] " \
                     b"/Group << /S /Transparency /CS /DeviceGray >>"
             if inner is None:
-                form = add(_stream(group, b"0 0 100 100 re f"))
+                form = add(pdf_stream(group, b"0 0 100 100 re f"))
             else:
-                form = add(_stream(group + b" /Resources << /ExtGState << /G %d 0 R >> >>" % inner,
+                form = add(pdf_stream(group + b" /Resources << /ExtGState << /G %d 0 R >> >>" % inner,
                                    b"/G gs 0 0 100 100 re f /G gs 0 0 100 100 re f"))
             inner = add(b"<< /Type /ExtGState /SMask << /Type /Mask /S /Luminosity /G %d 0 R >> >>"
                         % form)
         else:
             form = b"/Type /XObject /Subtype /Form /BBox [0 0 612 792]"
-            inner = add(_stream(form, b"0 0 1 1 re f") if inner is None else _stream(
+            inner = add(pdf_stream(form, b"0 0 1 1 re f") if inner is None else pdf_stream(
                 form + b" /Resources << /XObject << /X %d 0 R >> >>" % inner, b"/X Do /X Do"))
     draw = b"q /G gs 0 0 100 100 re f Q" if masks else b"q /X Do Q"
-    content = add(_stream(b"", b"BT /F1 12 Tf 18 TL 72 720 Td (A page that is slow to draw) Tj "
+    content = add(pdf_stream(b"", b"BT /F1 12 Tf 18 TL 72 720 Td (A page that is slow to draw) Tj "
                                 b"T* (and hard to stop) Tj ET " + draw))
     resource = b"/ExtGState << /G %d 0 R >>" % inner if masks else b"/XObject << /X %d 0 R >>" % inner
     page = add(b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents %d 0 R "
                b"/Resources << /Font << /F1 3 0 R >> %s >> >>" % (content, resource))
     objects[1] = b"<< /Type /Pages /Kids [%d 0 R] /Count 1 >>" % page
-    return _pdf(objects, 1)
+    return write_pdf(objects, 1)
 
 
 @pytest.fixture

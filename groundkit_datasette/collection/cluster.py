@@ -41,10 +41,10 @@ import numpy as np
 
 from ..errors import InvalidRequest
 from .chunking import Chunk, chunk_text
-from .extract import (_PACKAGED, MAX_TEXT_CHARS, Skipped, extract_bytes, extractor_available, page_for_offset,
+from .extract import (_PACKAGED, MAX_TEXT_CHARS, Skipped, extract_bytes, extractor_available,
                       source_class_for)
-from .ingest import (Outcome, _DocumentColumns, _Prepared, _sha, _suffix, chunk_ids_for, document_id_for,
-                     embedding_text)
+from .ingest import (Outcome, _Prepared, _suffix, chunk_ids_for, document_id_for, embedding_text,
+                     prepared_from)
 
 log = logging.getLogger(__name__)
 
@@ -333,36 +333,19 @@ def accept(job, answer, settings, have=(), dimensions: int | None = None) -> _Pr
         raise Rejected("pages")
     pages = tuple(pages)
     chunks = _chunks(text, answer["chunks"], chunk_size, chunk_overlap)
-    document_id = document_id_for(job.source)
-    chunk_ids = chunk_ids_for(document_id, chunks)
-    vectors = None
+    prepared = prepared_from(job, text, title, pages, chunks, (source_class, extractor, version, encoding))
     if dimensions is not None:
-        wanted = [cid for cid in chunk_ids if cid not in have]
+        wanted = [cid for cid in prepared.chunk_ids if cid not in have]
         blob = answer["vectors"]
         if not isinstance(blob, (bytes, bytearray)) or len(blob) != 4 * dimensions * len(wanted):
             raise Rejected("vectors")
         block = np.frombuffer(blob, dtype="<f4").astype(np.float32).reshape(len(wanted), dimensions)
         if not np.isfinite(block).all():
             raise Rejected("vectors")
-        vectors = {cid: block[i] for i, cid in enumerate(wanted)}
+        prepared.vectors = {cid: block[i] for i, cid in enumerate(wanted)}
     elif answer["vectors"] is not None:
         raise Rejected("vectors")
-    return _Prepared(
-        source=job.source,
-        document_id=document_id,
-        file_hash=job.file_hash,
-        document=_DocumentColumns(source_class, extractor, version, title, _sha(text), len(text),
-                                  text.count("\n") + 1, len(pages) or None, encoding),
-        chunks=chunks,
-        chunk_ids=chunk_ids,
-        chunk_details=[(page_for_offset(pages, ch.start), page_for_offset(pages, max(ch.end - 1, ch.start)),
-                        _sha(ch.text)) for ch in chunks],
-        is_new=job.prior is None,
-        acl=job.acl,
-        size=job.size,
-        mtime_ns=job.mtime_ns,
-        vectors=vectors,
-    )
+    return prepared
 
 
 # -- on the calling machine --------------------------------------------------

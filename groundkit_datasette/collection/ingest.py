@@ -208,16 +208,24 @@ def prepare_document(job: _Job, chunk_size: int, chunk_overlap: int,
         chunk_overlap=chunk_overlap,
         title=extracted.title if title_header else None,
     )
+    return prepared_from(job, extracted.text, extracted.title, extracted.page_starts, chunks,
+                         (extracted.source_class, extracted.extractor, extracted.extractor_version,
+                          extracted.encoding))
+
+
+def prepared_from(job: _Job, text: str, title, pages: tuple, chunks, identity,
+                  vectors: dict | None = None) -> "_Prepared":
+    """A document's columns and chunk rows from its extracted text: the one place they are
+    derived, for a local run and for a cluster worker's checked answer alike.
+    ``identity``: (source_class, extractor, extractor_version, encoding)."""
+    source_class, extractor, version, encoding = identity
     document_id = document_id_for(job.source)
-    text, pages = extracted.text, extracted.page_starts
     return _Prepared(
         source=job.source,
         document_id=document_id,
         file_hash=job.file_hash,
-        document=_DocumentColumns(
-            extracted.source_class, extracted.extractor, extracted.extractor_version,
-            extracted.title, _sha(text), len(text), text.count("\n") + 1, len(pages) or None,
-            extracted.encoding),
+        document=_DocumentColumns(source_class, extractor, version, title, _sha(text), len(text),
+                                  text.count("\n") + 1, len(pages) or None, encoding),
         chunks=chunks,
         chunk_ids=chunk_ids_for(document_id, chunks),
         chunk_details=[(page_for_offset(pages, ch.start), page_for_offset(pages, max(ch.end - 1, ch.start)),
@@ -226,6 +234,7 @@ def prepare_document(job: _Job, chunk_size: int, chunk_overlap: int,
         acl=job.acl,
         size=job.size,
         mtime_ns=job.mtime_ns,
+        vectors=vectors,
     )
 
 

@@ -339,9 +339,8 @@ def _wait_reaped(conn) -> int | None:
 # -- the fork server -------------------------------------------------------------------------
 
 
-def _serve(config_json: str) -> None:
-    """The fork server's main loop: fork a child per "run" datagram, kill on "kill", and tell
-    each caller its child's exit status once reaped. Ends when its owner ends."""
+def _child_config(config_json: str) -> dict:
+    """What a fork server and a worker both do first: read the config, find the package."""
     import logging
     import warnings
 
@@ -353,6 +352,13 @@ def _serve(config_json: str) -> None:
     warnings.simplefilter("ignore")
     logging.root.addHandler(logging.NullHandler())
     logging.root.setLevel(logging.CRITICAL)
+    return config
+
+
+def _serve(config_json: str) -> None:
+    """The fork server's main loop: fork a child per "run" datagram, kill on "kill", and tell
+    each caller its child's exit status once reaped. Ends when its owner ends."""
+    config = _child_config(config_json)
     _preload(config["preload"])
     import gc
 
@@ -726,17 +732,9 @@ def _work(config_json: str) -> None:
     """A worker's main loop: a call at a time until the connection ends."""
     global _IN_CHILD
     import gc
-    import warnings
-    import logging
 
     _IN_CHILD = True
-    config = json.loads(config_json)
-    for path in reversed(config["path"]):
-        if path not in sys.path:
-            sys.path.insert(0, path)
-    warnings.simplefilter("ignore")
-    logging.root.addHandler(logging.NullHandler())
-    logging.root.setLevel(logging.CRITICAL)
+    config = _child_config(config_json)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the caller's to act on
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     _preload(config["preload"])
