@@ -90,5 +90,5 @@ bench: $(BIN)/.installed
 		--out $(REAL_VECTORS) --count $(BENCH_REAL_VECTORS) && $(BIN)/python benchmarks/dense.py --sizes '' \
 		--work $(BENCH_DIR)/syn --real-vectors $(REAL_VECTORS).f32 --real-queries $(REAL_VECTORS).queries.f32 \
 		--real-ids $(REAL_VECTORS).ids --real-sqlite $(DEBIAN_SYN) --real-size $(BENCH_REAL_VECTORS))
-	$(BIN)/python benchmarks/http.py
+	$(BIN)/python benchmarks/http_overhead.py
 	$(BIN)/python benchmarks/quality.py

@@ -28,7 +28,7 @@ def irdata(name: str) -> Path:
 
 
 def percentile(values, q: float) -> float:
-    from groundkit_datasette.retrieval.evaluate import percentile as p
+    from groundkit_datasette.evaluation.evaluate import percentile as p
 
     return p(list(values), q)
 
@@ -129,7 +129,7 @@ def chunk_texts(collection_path: Path) -> tuple[list[int], list[str], list[str]]
     """(chunk row ids, texts as BM25 indexes them, document sources) of a collection."""
     import sqlite3
 
-    from groundkit_datasette.collection.ingest import embedding_text
+    from groundkit_datasette.indexing.ingest import embedding_text
 
     conn = sqlite3.connect(f"file:{collection_path}?immutable=1", uri=True)
     rows = conn.execute(

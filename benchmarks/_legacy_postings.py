@@ -1,10 +1,10 @@
-"""``rebuild_postings`` as it was before issue 14 (collection/terms.py at f3d3092): the
+"""``rebuild_postings`` as it was before issue 14 (indexing/terms.py at f3d3092): the
 baseline of benchmarks/ingest.py's memory figures, and the oracle that
 tests/test_ingest_postings.py compares the streamed rebuild with, row for row."""
 
 import numpy as np
 
-from groundkit_datasette.collection import terms
+from groundkit_datasette.indexing import terms
 
 
 def rebuild_postings(conn, k1=terms.K1, b=terms.B):

@@ -51,7 +51,7 @@ class _Plugin:
 
 
 def register() -> None:
-    from groundkit_datasette.plugins import pm
+    from groundkit_datasette.registry import pm
 
     if pm.get_plugin("benchmarks-synthetic") is None:
         pm.register(_Plugin, "benchmarks-synthetic")
@@ -96,7 +96,7 @@ def write_corpus(directory: Path, chunks: int, seed: int = 42) -> int:
 def build_collection(work: Path, chunks: int, *, embedder: str = "synthetic", name: str | None = None,
                      rebuild: bool = False):
     """A real collection of ``chunks`` synthetic chunks (reused when already built)."""
-    from groundkit_datasette.collection.ingest import Indexer
+    from groundkit_datasette.indexing.ingest import Indexer
 
     register()
     name = name or f"syn{chunks}-{embedder}"

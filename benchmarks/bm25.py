@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, this directory would lead sys.path and benchmarks/http.py would shadow the
+# Run as a script, this directory would lead sys.path and benchmarks/http_overhead.py would shadow the
 # standard library's http package: put the repository root there instead.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -51,7 +51,7 @@ def _ranking_to_docs(chunk_rows, source_of_row, id_of_source):
 
 def _quality(search_rows, spec, source_of_row):
     """Mean nDCG@10 over judged queries, or None without qrels."""
-    from groundkit_datasette.retrieval.evaluate import ndcg_at
+    from groundkit_datasette.evaluation.evaluate import ndcg_at
 
     if not spec.get("qrels"):
         return None
@@ -382,8 +382,8 @@ def worker(engine: str, spec_file: str) -> dict:
 
 def build_ours(dataset_dir: Path, work: Path, repeats: int):
     """BM25-only collection of the data set; median build time over ``repeats`` fresh builds."""
-    from groundkit_datasette.retrieval.evaluate import load_dataset, write_sources
-    from groundkit_datasette.collection.ingest import Indexer
+    from groundkit_datasette.evaluation.evaluate import load_dataset, write_sources
+    from groundkit_datasette.indexing.ingest import Indexer
 
     ds = load_dataset(dataset_dir)
     sources = work / f"{ds.name}-sources"

@@ -38,7 +38,7 @@ def main(argv=None):
 
     path = Path(args.collection)
     if args.corpus:
-        from groundkit_datasette.retrieval.evaluate import load_dataset
+        from groundkit_datasette.evaluation.evaluate import load_dataset
 
         queries = list(load_dataset(c.irdata(args.corpus)).queries.values())
     else:

@@ -9,7 +9,7 @@ processes), then measures what matters for shipping ingest batches:
 - a worker killed while it runs a task: is the task retried elsewhere, and how long it takes.
 
 Needs both engines in the venv (`pip install ray distributed`); benchmark-only.
-Usage: nice -n 5 python -m benchmarks.cluster_engines   (as a module: benchmarks/http.py would shadow http)
+Usage: nice -n 5 python -m benchmarks.cluster_engines   (as a module: benchmarks/http_overhead.py would shadow http)
 """
 
 from __future__ import annotations

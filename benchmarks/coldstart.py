@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, this directory would lead sys.path and benchmarks/http.py would shadow the
+# Run as a script, this directory would lead sys.path and benchmarks/http_overhead.py would shadow the
 # standard library's http package: put the repository root there instead.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -298,7 +298,7 @@ def real_model_copy(index: Path, name: str, work: Path, compute: str = "int8") -
     real model. ``compute``: the ``embedding_compute`` record (adr/0040; what an ingest with
     today's default writes is "int8"; "fp32" is a collection written before that record)."""
     from groundkit_datasette.embedding.embedders import MiniLMEmbedder
-    from groundkit_datasette.plugins import DEFAULT_EMBEDDER
+    from groundkit_datasette.registry import DEFAULT_EMBEDDER
 
     def edit(conn):
         for key, value in (("embedder", DEFAULT_EMBEDDER), ("embedding_provider", MiniLMEmbedder.provider),

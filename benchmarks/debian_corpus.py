@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, this directory would lead sys.path and benchmarks/http.py would shadow the
+# Run as a script, this directory would lead sys.path and benchmarks/http_overhead.py would shadow the
 # standard library's http package: put the repository root there instead.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -99,7 +99,7 @@ def main(argv=None):
         install(packages)
         print(f"installed {len(packages)} packages in {time.perf_counter() - t:.0f} s")
 
-    from groundkit_datasette.collection.ingest import Indexer
+    from groundkit_datasette.indexing.ingest import Indexer
 
     if args.embedder == "synthetic":
         # Clustered random vectors from a registered plugin: dense figures at this size without a model.

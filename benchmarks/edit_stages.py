@@ -31,7 +31,7 @@ def main() -> None:
     _synthetic.register()
     import lancedb  # noqa: F401  (paid once, as in a long-running process)
 
-    from groundkit_datasette.collection.ingest import Indexer
+    from groundkit_datasette.indexing.ingest import Indexer
 
     index_dir, edits = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 5
     cpu: dict[str, float] = {}

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, this directory would lead sys.path and benchmarks/http.py would shadow the
+# Run as a script, this directory would lead sys.path and benchmarks/http_overhead.py would shadow the
 # standard library's http package: put the repository root there instead.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -46,8 +46,8 @@ def reference_model_dir() -> Path:
 
 def corpus_chunks(name: str, work: Path) -> list[str]:
     """The texts ingest embeds for each chunk of an irdata corpus (a BM25-only ingest cuts them)."""
-    from groundkit_datasette.collection.ingest import Indexer
-    from groundkit_datasette.retrieval.evaluate import load_dataset, write_sources
+    from groundkit_datasette.indexing.ingest import Indexer
+    from groundkit_datasette.evaluation.evaluate import load_dataset, write_sources
 
     path = work / "index" / f"{name}.sqlite3"
     if not path.exists():

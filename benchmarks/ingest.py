@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, this directory would lead sys.path and benchmarks/http.py would shadow the
+# Run as a script, this directory would lead sys.path and benchmarks/http_overhead.py would shadow the
 # standard library's http package: put the repository root there instead.
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
@@ -70,8 +70,8 @@ def reference_model_dir() -> Path:
 
 
 def bm25_ingest(name: str, work: Path, repeats: int):
-    from groundkit_datasette.retrieval.evaluate import load_dataset, write_sources
-    from groundkit_datasette.collection.ingest import Indexer
+    from groundkit_datasette.evaluation.evaluate import load_dataset, write_sources
+    from groundkit_datasette.indexing.ingest import Indexer
 
     ds = load_dataset(c.irdata(name))
     sources = work / f"{name}-sources"
@@ -119,8 +119,8 @@ def _worker(args) -> dict:
     """One measurement in this fresh process; the parent reads the JSON it prints."""
     import resource
 
-    from groundkit_datasette.collection import terms
-    from groundkit_datasette.collection.ingest import Indexer
+    from groundkit_datasette.indexing import terms
+    from groundkit_datasette.indexing.ingest import Indexer
 
     kind = args[0]
     if kind == "ingest-debian":
@@ -138,7 +138,7 @@ def _worker(args) -> dict:
         # peak plus each child at the largest child's peak, an upper bound (they share pages).
         children = 0
         if getattr(report, "map_stage", "local") == "forked":
-            from groundkit_datasette.collection import forked_map
+            from groundkit_datasette.indexing import forked_map
             children = forked_map.processes()
         child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         return {"seconds": end - t, "postings_seconds": end - marks.get("postings", end),
@@ -424,7 +424,7 @@ def incremental(args, work: Path) -> None:
     rows.append(["peak RSS (MB)", o["peak_rss_mb"], b["peak_rss_mb"], c.ratio(o["peak_rss_mb"], b["peak_rss_mb"]), ""])
     # The edited file's chunks embedded for real, timed on their own (the synthetic-bound
     # collection refuses another model's vectors).
-    from groundkit_datasette.collection.ingest import embedding_text
+    from groundkit_datasette.indexing.ingest import embedding_text
     from groundkit_datasette.embedding.embedders import get_embedder
 
     conn = sqlite3.connect(f"file:{work / 'inc-ours' / 'debian-docs.sqlite3'}?immutable=1", uri=True)
@@ -522,7 +522,7 @@ def main(argv=None):
     if full:
         from sentence_transformers import SentenceTransformer
 
-        from groundkit_datasette.collection.ingest import Indexer
+        from groundkit_datasette.indexing.ingest import Indexer
 
         ref = SentenceTransformer(str(reference_model_dir()), device="cpu")
         default_len = ref.max_seq_length

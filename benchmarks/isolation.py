@@ -43,7 +43,7 @@ TARGET = 1.15
 
 def worker(corpus: str, index: str) -> None:
     import groundkit_datasette
-    from groundkit_datasette.collection.ingest import Indexer
+    from groundkit_datasette.indexing.ingest import Indexer
 
     started = time.perf_counter()
     report = Indexer("bench", index_dir=index, embedder="none").ingest([corpus])
@@ -108,7 +108,7 @@ def overlaid(base: Path, source: Path, paths: list[str], work: Path) -> Path:
 
 def irdata_sources(name: str, work: Path) -> Path:
     from benchmarks import _common as c
-    from groundkit_datasette.retrieval.evaluate import load_dataset, write_sources
+    from groundkit_datasette.evaluation.evaluate import load_dataset, write_sources
 
     target = work / f"{name}-sources"
     if not target.is_dir():

@@ -45,7 +45,7 @@ def bm25s_ndcg(dataset) -> tuple[float, float]:
     import bm25s
     import Stemmer
 
-    from groundkit_datasette.retrieval.evaluate import document_text, ndcg_at
+    from groundkit_datasette.evaluation.evaluate import document_text, ndcg_at
 
     stemmer = Stemmer.Stemmer("english")
     docs = list(dataset.corpus())
@@ -75,8 +75,8 @@ def header_comparison(names, dirs, index_dir: str, modes: list[str], repeats: in
     import shutil
     import statistics
 
-    from groundkit_datasette.collection.ingest import Indexer
-    from groundkit_datasette.retrieval.evaluate import default_collection_name, evaluate, load_dataset
+    from groundkit_datasette.indexing.ingest import Indexer
+    from groundkit_datasette.evaluation.evaluate import default_collection_name, evaluate, load_dataset
 
     embedder = "none" if modes == ["bm25"] else None
     variants = (("without", False), ("with", True))
@@ -142,7 +142,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     if args.header:
-        from groundkit_datasette.retrieval.evaluate import MODES
+        from groundkit_datasette.evaluation.evaluate import MODES
 
         modes = [m for m in args.modes.split(",") if m]
         if not modes or any(m not in MODES for m in modes):
@@ -158,7 +158,7 @@ def main(argv=None):
         return
 
     from groundkit_datasette.retrieval import bm25
-    from groundkit_datasette.retrieval.evaluate import evaluate_many, load_dataset
+    from groundkit_datasette.evaluation.evaluate import evaluate_many, load_dataset
 
     names = [n for n in args.corpora.split(",") if n]
     dirs = [c.irdata(n) for n in names]

@@ -17,7 +17,7 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]  # benchmarks/http.py
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]  # benchmarks/http_overhead.py
 sys.path.insert(0, os.path.dirname(_HERE))
 
 import argparse  # noqa: E402

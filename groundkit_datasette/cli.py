@@ -188,7 +188,7 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
     (nothing is written). With --watch: one line (or JSON object) per batch, exit 0 when
     stopped by Ctrl-C or SIGTERM.
     """
-    from .collection.ingest import Indexer
+    from .indexing.ingest import Indexer
 
     if chunk_size < 50:
         raise click.UsageError("--chunk-size must be at least 50 (characters)")
@@ -203,7 +203,7 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
         if (any(tls_files) or cluster_insecure) and not cluster:
             raise click.UsageError("--cluster-tls-* and --cluster-insecure need --cluster")
         if cluster:
-            from .collection.cluster import ClusterMap, tls_security
+            from .indexing.cluster import ClusterMap, tls_security
 
             security = None
             if any(tls_files):
@@ -249,7 +249,7 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
 
 
 def _watch(indexer, paths, debounce: int, as_json: bool) -> None:
-    from .collection.watch import BaseReplaced, watch
+    from .indexing.watch import BaseReplaced, watch
 
     def as_json_line(number, changes, report):
         click.echo(json.dumps({"batch": number, "changes": changes, **report.as_dict()}))
@@ -291,7 +291,7 @@ def _print_ingest_summary(report, path: Path, list_all: bool) -> None:
 
 def _open(collection, index_dir, base_dir=None, reranker=None):
     from .retrieval.collection import Collection
-    from .collection.names import resolve_collection_arg
+    from .indexing.names import resolve_collection_arg
 
     directory, name = resolve_collection_arg(collection, index_dir)
     return Collection.open(name, index_dir=directory, base_dir=base_dir, reranker=reranker)
@@ -592,7 +592,7 @@ def eval_command(dataset_dirs, collection, index_dir, modes, rerank, reranker, r
     """
     import os
 
-    from .retrieval.evaluate import evaluate_many, format_summary, format_table
+    from .evaluation.evaluate import evaluate_many, format_summary, format_table
 
     mode_list = [m.strip() for m in modes.split(",") if m.strip()] if modes else None
     # A shell glob (data/*) also names files such as a README: those are passed over.

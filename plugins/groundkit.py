@@ -8,12 +8,12 @@ import sys
 from pathlib import Path
 
 try:
-    import groundkit_datasette.plugin as _groundkit
+    import groundkit_datasette.datasette_plugin as _groundkit
 except ImportError:  # a checkout that was not pip-installed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    import groundkit_datasette.plugin as _groundkit
+    import groundkit_datasette.datasette_plugin as _groundkit
 
 from datasette.plugins import pm
 
 if not pm.is_registered(_groundkit):
-    pm.register(_groundkit, name="groundkit_datasette.plugin")
+    pm.register(_groundkit, name="groundkit_datasette.datasette_plugin")

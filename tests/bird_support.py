@@ -1,7 +1,7 @@
 """The small bird corpus the BM25 response tests search: six notes of growing kestrel weight,
 a two-page PDF field guide, and whatever file the test adds (``extra``)."""
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 from .pdf_support import make_pdf
 

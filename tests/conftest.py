@@ -65,7 +65,7 @@ def index_dir(tmp_path) -> Path:
 
 def manifest(path: Path) -> dict:
     """A collection file's manifest, read without writing to it."""
-    from groundkit_datasette.collection.schema import connect_readonly
+    from groundkit_datasette.indexing.schema import connect_readonly
 
     conn = connect_readonly(path)
     try:

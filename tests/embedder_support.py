@@ -31,7 +31,7 @@ class ClusteredEmbedder:
 
 
 def embedder_plugin(key: str, embedder: ClusteredEmbedder):
-    """A plugin object registering ``embedder`` under ``key`` (register it on gk_plugins.pm)."""
+    """A plugin object registering ``embedder`` under ``key`` (register it on gk_registry.pm)."""
 
     class Plugin:
         @staticmethod

@@ -21,7 +21,7 @@ from groundkit_datasette.security.boundary import (
     loopback_socket,
 )
 from groundkit_datasette.security.auth import hash_token
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 MCP_HEADERS = {"content-type": "application/json", "accept": "application/json, text/event-stream"}
 MCP_LIST = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})

@@ -12,14 +12,14 @@ import httpx
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette import plugins as gk_plugins
+from groundkit_datasette import registry as gk_registry
 from groundkit_datasette.retrieval import search as gk_search
-from groundkit_datasette.collection.access_lists import DENY_ALL, DIRECTORY_FILE as DIRECTORY, normalize
+from groundkit_datasette.indexing.access_lists import DENY_ALL, DIRECTORY_FILE as DIRECTORY, normalize
 from groundkit_datasette.retrieval.permissions import Reader, ScopedCollection
 from groundkit_datasette.security.auth import hash_token
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval.models import SearchRequest
 
 WORD = "quarterly"
@@ -99,9 +99,9 @@ def built(tmp_path_factory):
     for p in (root / "plain").rglob("*.md"):
         p.write_text(p.read_text().replace("groundkit_acl", "other_key"))
     ingest([root / "plain"], collection="plain", index_dir=index_dir, embedder="none")
-    gk_plugins.pm.register(SpyPlugin, name="acl-test-spy")
+    gk_registry.pm.register(SpyPlugin, name="acl-test-spy")
     yield corpus, index_dir
-    gk_plugins.pm.unregister(name="acl-test-spy")
+    gk_registry.pm.unregister(name="acl-test-spy")
 
 
 def make_ds(built, **config):

@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
-from groundkit_datasette import plugins as gk_plugins
+from groundkit_datasette import registry as gk_registry
 from groundkit_datasette.retrieval.collection import Collection
-from groundkit_datasette.collection.ingest import ingest
-from groundkit_datasette.collection.vectors import ANN_INDEX
+from groundkit_datasette.indexing.ingest import ingest
+from groundkit_datasette.indexing.vectors import ANN_INDEX
 
 from .embedder_support import ClusteredEmbedder, embedder_plugin
 
@@ -17,13 +17,13 @@ Plugin = embedder_plugin("clustered", EMBEDDER)
 
 @pytest.fixture
 def clustered():
-    gk_plugins.pm.register(Plugin, name="clustered-test")
+    gk_registry.pm.register(Plugin, name="clustered-test")
     yield
-    gk_plugins.pm.unregister(name="clustered-test")
+    gk_registry.pm.unregister(name="clustered-test")
 
 
 def test_ann_index_is_used_past_the_threshold_with_recall_over_095(tmp_path, clustered, monkeypatch):
-    from groundkit_datasette.collection import vectors
+    from groundkit_datasette.indexing import vectors
 
     monkeypatch.setattr(vectors, "EXACT_MAX_ROWS", 1000)  # search through the index, not numpy
     corpus = tmp_path / "c"

@@ -35,6 +35,6 @@ def test_a_lower_layer_importing_a_higher_one_breaks_it(tmp_path):
 
 
 def test_every_layer_says_what_it_owns_and_may_import():
-    for layer in ("collection", "retrieval", "embedding", "surfaces", "security"):
+    for layer in ("indexing", "retrieval", "embedding", "surfaces", "security", "evaluation"):
         doc = (ROOT / "groundkit_datasette" / layer / "__init__.py").read_text()
         assert "May import" in doc, layer

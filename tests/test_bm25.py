@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from groundkit_datasette.retrieval import bm25
-from groundkit_datasette.collection import schema
+from groundkit_datasette.indexing import schema
 
 WORDS = st.sampled_from(
     ["the", "Running", "runs", "ran", "and", "café", "naïve", "ÉTÉ", "x1", "42", "don't", "rivers",
@@ -86,7 +86,7 @@ def test_term_ids_are_stable_within_a_run_and_new_terms_are_recorded():
 def _bm25_collection(tmp_path, files: dict[str, str], name="kw"):
     """A real BM25-only collection built by ingest from ``files``."""
     from groundkit_datasette.retrieval.collection import Collection
-    from groundkit_datasette.collection.ingest import ingest
+    from groundkit_datasette.indexing.ingest import ingest
 
     corpus = tmp_path / f"{name}-corpus"
     corpus.mkdir()
@@ -156,7 +156,7 @@ def test_a_readers_idf_counts_hidden_documents_not_their_chunks(tmp_path):
         for path, text in files.items():
             (corpus / path).write_text(text)
         from groundkit_datasette.retrieval.collection import Collection
-        from groundkit_datasette.collection.ingest import ingest
+        from groundkit_datasette.indexing.ingest import ingest
 
         ingest([corpus], collection=name, index_dir=tmp_path / "index", embedder="none")
         with Collection.open(name, index_dir=tmp_path / "index") as col:
@@ -177,7 +177,7 @@ def test_a_readers_idf_counts_hidden_documents_not_their_chunks(tmp_path):
 
 def test_a_collection_scored_with_other_settings_is_rescored_by_the_next_ingest(tmp_path):
     """A file written before document IDF still searches, and re-ingest brings it up to date."""
-    from groundkit_datasette.collection.ingest import ingest
+    from groundkit_datasette.indexing.ingest import ingest
 
     files = {"a.txt": "The aurora shone over the hills.\n", "b.txt": "The fjord froze.\n"}
     with _bm25_collection(tmp_path, files, "old") as col:
@@ -233,7 +233,7 @@ def test_stored_weights_are_bm25_over_chunks_with_document_idf(tmp_path):
 def test_tokenizer_rules_for_hyphens_apostrophes_numbers_and_single_characters():
     """Kept as measured in adr/0018-bm25-over-chunks.md: hyphens and apostrophes split words, numbers
     and one-character words are terms (vitamin D), our stop words go."""
-    from groundkit_datasette.collection import terms
+    from groundkit_datasette.indexing import terms
 
     stem = terms._stemmer.stemWords
     assert bm25.tokenize("Free-flight tests of Vitamin D, 42 don't fail") == stem(

@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval import bm25, rankers
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.retrieval.models import SearchRequest
@@ -171,7 +171,7 @@ def test_matched_terms_of_a_one_term_ranking_come_from_its_head(corpus):
 def _words_reference(query):
     """query_words as the general loop computes it: every token of the writer's pattern,
     lower-cased, CJK runs as bigrams, stop words left out, each word stemmed alone."""
-    from groundkit_datasette.collection import terms
+    from groundkit_datasette.indexing import terms
 
     out = []
     for token in terms._TOKEN.findall(query.lower()):

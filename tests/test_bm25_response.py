@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval import bm25
 from groundkit_datasette.retrieval import search as gk_search
 from groundkit_datasette.retrieval.collection import Collection

@@ -12,7 +12,7 @@ import random
 import numpy as np
 import pytest
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval import bm25, rankers
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.retrieval.models import Hit, SearchResponse, built

@@ -17,7 +17,7 @@ from datasette.app import Datasette
 
 from groundkit_datasette.security.auth import hash_token
 from groundkit_datasette.surfaces.datasette_compat import DATASETTE_1
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 from .conftest import write_corpus
 from .test_datasette_mcp import mcp_client

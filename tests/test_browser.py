@@ -19,7 +19,7 @@ from datasette.app import Datasette
 from playwright.sync_api import expect, sync_playwright
 
 from groundkit_datasette import plugin as gk_plugin
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.surfaces.pages import QueryTerms, citation_text, highlight
 
 from .browser_support import (
@@ -714,7 +714,7 @@ async def test_rendered_html_escapes_document_content(ds):
 
 async def test_datasette_tables_link_to_the_groundkit_pages(ds, built, tmp_path):
     assert hasattr(gk_plugin, "table_actions") and hasattr(gk_plugin, "render_cell"), (
-        "register ui_hooks in groundkit_datasette/plugin/__init__.py")
+        "register ui_hooks in groundkit_datasette/datasette_plugin/__init__.py")
     r = await ds.client.get("/energy/documents")
     assert re.search(r'<a href="/energy/-/groundkit/search"[^>]*>\s*Search this collection\s*</a>',
                      r.text)

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from groundkit_datasette.collection.chunking import Chunk, chunk_text, find_headings
+from groundkit_datasette.indexing.chunking import Chunk, chunk_text, find_headings
 
 SOURCE_CLASSES = ["markdown", "rst", "text", "code", "html", "pdf"]
 

@@ -8,11 +8,11 @@ import pydantic
 import pytest
 
 from groundkit_datasette.retrieval import citations
-from groundkit_datasette.collection import schema
-from groundkit_datasette.collection.chunking import chunk_text
+from groundkit_datasette.indexing import schema
+from groundkit_datasette.indexing.chunking import chunk_text
 from groundkit_datasette.retrieval.citations import Verification, verify_citation
-from groundkit_datasette.collection.extract import extract_file
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.extract import extract_file
+from groundkit_datasette.indexing.ingest import ingest
 
 from .conftest import HTML, MARKDOWN, TEXT, snapshot, write_corpus
 
@@ -222,7 +222,7 @@ def test_no_reason_names_a_path(tmp_path):
 
 
 def test_the_size_limit_is_the_ingest_limit():
-    from groundkit_datasette.collection.extract import MAX_FILE_BYTES
+    from groundkit_datasette.indexing.extract import MAX_FILE_BYTES
 
     assert citations.MAX_FILE_BYTES == MAX_FILE_BYTES
 

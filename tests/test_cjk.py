@@ -6,9 +6,9 @@ import sqlite3
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette.collection import terms as bm25
+from groundkit_datasette.indexing import terms as bm25
 from groundkit_datasette.retrieval.collection import Collection
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 CHINESE = """# 可再生能源
 
@@ -46,7 +46,7 @@ def test_runs_of_han_kana_and_hangul_become_overlapping_bigrams():
 
 def test_ingest_encodes_cjk_as_the_query_tokenizer_does():
     conn = sqlite3.connect(":memory:")
-    from groundkit_datasette.collection import schema
+    from groundkit_datasette.indexing import schema
 
     schema.create_schema(conn)
     table = bm25.TermTable(conn)

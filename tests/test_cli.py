@@ -17,13 +17,13 @@ import pytest
 from click.testing import CliRunner
 
 from groundkit_datasette import cli as cli_module
-from groundkit_datasette.collection import ingest as ingest_module
-from groundkit_datasette import plugins as gk_plugins
+from groundkit_datasette.indexing import ingest as ingest_module
+from groundkit_datasette import registry as gk_registry
 from groundkit_datasette.cli import cli
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.collection.schema import connect_readonly
-from groundkit_datasette.collection.vectors import open_table
+from groundkit_datasette.indexing.schema import connect_readonly
+from groundkit_datasette.indexing.vectors import open_table
 
 from .conftest import manifest
 from .test_extract import make_pdf
@@ -69,11 +69,11 @@ def poison_embedder(monkeypatch):
         def register_embedders(register):
             register("poison", lambda **o: _PoisonEmbedder())
 
-    gk_plugins.pm.register(Plugin, name="poison-test")
+    gk_registry.pm.register(Plugin, name="poison-test")
     # One document per embedding call, so one poisoned file fails alone.
     monkeypatch.setattr(ingest_module, "EMBED_BATCH_CHUNKS", 1)
     yield "poison"
-    gk_plugins.pm.unregister(name="poison-test")
+    gk_registry.pm.unregister(name="poison-test")
 
 
 # -- ingest ------------------------------------------------------------------
@@ -517,7 +517,7 @@ def test_twenty_thousand_paths_ingest(tmp_path):
         p = docs / f"f{i:05}.txt"
         p.write_text(f"note {i}\n")
         paths.append(str(p))
-    from groundkit_datasette.collection.ingest import Indexer
+    from groundkit_datasette.indexing.ingest import Indexer
 
     report = Indexer("lots", index_dir=tmp_path / "index", embedder="none").ingest(paths + [str(docs)])
     assert report.added == 20_000 and report.failed == 0

@@ -30,12 +30,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from groundkit_datasette.collection import ingest as ingest_module
-from groundkit_datasette.collection.cluster import (ClusterError, ClusterMap, Rejected, accept, process_batch,
+from groundkit_datasette.indexing import ingest as ingest_module
+from groundkit_datasette.indexing.cluster import (ClusterError, ClusterMap, Rejected, accept, process_batch,
                                                    tls_security, unpicklings_refused)
-from groundkit_datasette.collection.extract import MAX_TEXT_CHARS
-from groundkit_datasette.collection.ingest import Indexer, Outcome, _Job, _sha, prepare_document
-from groundkit_datasette.collection.vectors import open_table
+from groundkit_datasette.indexing.extract import MAX_TEXT_CHARS
+from groundkit_datasette.indexing.ingest import Indexer, Outcome, _Job, _sha, prepare_document
+from groundkit_datasette.indexing.vectors import open_table
 
 PLUGINS = Path(__file__).parent / "plugins"
 sys.path.insert(0, str(PLUGINS))
@@ -305,8 +305,8 @@ def test_nothing_is_published_when_the_coordinator_dies(cluster, tmp_path):
         sys.path.insert(0, {str(PLUGINS)!r})
         import cluster_poison
         cluster_poison.register()
-        from groundkit_datasette.collection.cluster import ClusterMap, tls_security
-        from groundkit_datasette.collection.ingest import Indexer
+        from groundkit_datasette.indexing.cluster import ClusterMap, tls_security
+        from groundkit_datasette.indexing.ingest import Indexer
 
         def progress(event):
             if event.get("event") == "file" and event["done"] == 6:
@@ -615,7 +615,7 @@ def test_a_workers_answer_gives_the_local_record_for_every_format(tmp_path):
             vectors = mine.vectors
             mine.vectors = None
             assert mine == local, job.source
-            from groundkit_datasette.collection.ingest import embedding_text
+            from groundkit_datasette.indexing.ingest import embedding_text
 
             expected = embedder.embed([embedding_text(c.heading, c.text) for c in local.chunks])
             assert list(vectors) == local.chunk_ids

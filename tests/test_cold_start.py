@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,7 +16,7 @@ _CHILD = """
 import json, sys
 sys.path.insert(0, {root!r})
 from groundkit_datasette.retrieval.collection import Collection
-from groundkit_datasette.collection import terms
+from groundkit_datasette.indexing import terms
 col = Collection.open("cold", index_dir={index!r})
 seen = {{}}
 r = col.search(query={query!r}, mode="bm25", top_k=5)

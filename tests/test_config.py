@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.surfaces.service import ConfigurationError, Settings
 
 sys.path.insert(0, str(Path(__file__).parent / "plugins"))
@@ -96,11 +96,11 @@ def test_datasette_serve_exits_non_zero_with_the_message_and_no_traceback(tmp_pa
 
 @pytest.fixture
 def vec_collection(tmp_path, corpus):
-    gk_plugins.pm.register(Embedders, name="fixed-embedders")
+    gk_registry.pm.register(Embedders, name="fixed-embedders")
     index = tmp_path / "vec-index"
     ingest([corpus], collection="energy", index_dir=index, embedder="vec-a")
     yield index / "energy.sqlite3"
-    gk_plugins.pm.unregister(name="fixed-embedders")
+    gk_registry.pm.unregister(name="fixed-embedders")
 
 
 async def test_dense_is_offered_only_when_this_server_can_embed(vec_collection, corpus):
@@ -125,17 +125,17 @@ async def test_dense_is_offered_only_when_this_server_can_embed(vec_collection, 
 async def test_an_embedder_this_server_does_not_have_is_not_offered(tmp_path, corpus):
     class Gone:
         @staticmethod
-        @gk_plugins.hookspecs.hookimpl
+        @gk_registry.hookspecs.hookimpl
         def register_embedders(register):
             from fixed_vectors import HashEmbedder
 
             register("vec-gone", lambda: HashEmbedder("hash-gone"))
 
-    gk_plugins.pm.register(Gone, name="gone")
+    gk_registry.pm.register(Gone, name="gone")
     try:
         ingest([corpus], collection="energy", index_dir=tmp_path / "i", embedder="vec-gone")
     finally:
-        gk_plugins.pm.unregister(name="gone")
+        gk_registry.pm.unregister(name="gone")
     ds = started({"base_dir": str(corpus)}, [tmp_path / "i" / "energy.sqlite3"])
     status = (await ds.client.get("/energy/-/groundkit/status.json")).json()
     assert status["dense_available"] is False

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection.chunking import chunk_text
-from groundkit_datasette.collection.ingest import Indexer, ingest
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing.chunking import chunk_text
+from groundkit_datasette.indexing.ingest import Indexer, ingest
 from groundkit_datasette.errors import EmbedderError, EmbedderMismatch
 from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.retrieval.collection import Collection
@@ -120,7 +120,7 @@ def test_a_title_word_finds_every_chunk_of_html_pdf_front_matter_and_docx(titled
 
 def test_titles_the_extractors_give(titled_corpus):
     """The PDF's /Title and a Markdown front matter's title: none before this change."""
-    from groundkit_datasette.collection.extract import extract_bytes
+    from groundkit_datasette.indexing.extract import extract_bytes
 
     assert extract_bytes((titled_corpus / "paper.pdf").read_bytes(), ".pdf").title == "Zephyrine Survey"
     assert extract_bytes((titled_corpus / "notes.md").read_bytes(), ".md").title == "Zephyrine Notes"
@@ -147,7 +147,7 @@ Wall units hold ten kilowatt hours.
 
 def test_markdown_whose_h1_is_the_title_chunks_as_before():
     """No duplicate: the eval corpora ("# title" first) keep their chunks and figures."""
-    from groundkit_datasette.collection.chunking import contextual_heading
+    from groundkit_datasette.indexing.chunking import contextual_heading
 
     plain = chunk_text(MARKDOWN, source_class="markdown", chunk_size=120, chunk_overlap=0)
     titled = chunk_text(MARKDOWN, source_class="markdown", chunk_size=120, chunk_overlap=0,
@@ -216,7 +216,7 @@ def test_an_existing_collection_is_rechunked_once_and_only_changed_chunks_re_emb
         def register_embedders(register):
             register("fixed-header", lambda: embedder)
 
-    gk_plugins.pm.register(Plugin, name="fixed-header-test")
+    gk_registry.pm.register(Plugin, name="fixed-header-test")
     try:
         index_dir = tmp_path / "index"
         options = dict(collection="mixed", index_dir=index_dir, embedder="fixed-header",
@@ -241,7 +241,7 @@ def test_an_existing_collection_is_rechunked_once_and_only_changed_chunks_re_emb
         again = ingest([root], **options)
         assert again.unchanged == 2 and not again.published and again.chunks_embedded == 0
     finally:
-        gk_plugins.pm.unregister(name="fixed-header-test")
+        gk_registry.pm.unregister(name="fixed-header-test")
 
 
 # -- max_length ------------------------------------------------------------------------
@@ -280,11 +280,11 @@ class _TruncatingPlugin:
 def truncating(tmp_path):
     from groundkit_datasette.retrieval import rankers
 
-    gk_plugins.pm.register(_TruncatingPlugin, name="truncating-test")
+    gk_registry.pm.register(_TruncatingPlugin, name="truncating-test")
     rankers._embedders.clear()
     yield
     rankers._embedders.clear()
-    gk_plugins.pm.unregister(name="truncating-test")
+    gk_registry.pm.unregister(name="truncating-test")
 
 
 def _long_corpus(tmp_path):

@@ -1,15 +1,15 @@
 """Dense search below EXACT_MAX_ROWS runs in numpy over vectors read once per collection
-version (collection/vectors.py VectorSearch): it must answer exactly what LanceDB's flat
+version (indexing/vectors.py VectorSearch): it must answer exactly what LanceDB's flat
 search answers, keep filters as prefilters, and load in the background on the first query."""
 
 
 import numpy as np
 import pytest
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection import vectors
-from groundkit_datasette.collection.ingest import ingest
-from groundkit_datasette.collection.vectors import VectorSearch
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing import vectors
+from groundkit_datasette.indexing.ingest import ingest
+from groundkit_datasette.indexing.vectors import VectorSearch
 from groundkit_datasette.retrieval.collection import Collection
 
 from .embedder_support import ClusteredEmbedder, embedder_plugin
@@ -22,11 +22,11 @@ Plugin = embedder_plugin("topics", ClusteredEmbedder("topics-32", CENTRES, 0.8))
 
 @pytest.fixture
 def collection(tmp_path):
-    gk_plugins.pm.register(Plugin, name="topics-test")
+    gk_registry.pm.register(Plugin, name="topics-test")
     try:
         yield from _build(tmp_path)
     finally:
-        gk_plugins.pm.unregister(name="topics-test")
+        gk_registry.pm.unregister(name="topics-test")
 
 
 def _build(tmp_path):

@@ -322,7 +322,7 @@ def test_the_manifest_table_names_every_key_a_collection_has(tmp_path):
     """docs/collection-format.md's manifest table and a real collection with vectors agree."""
     import sqlite3
 
-    from groundkit_datasette.collection.ingest import ingest
+    from groundkit_datasette.indexing.ingest import ingest
 
     from .conftest import write_corpus
 
@@ -342,7 +342,7 @@ async def test_query_text_is_never_logged(tmp_path, caplog, capfd):
     """docs/api.md says query text is never logged, at any level: a search at DEBUG proves it."""
     from datasette.app import Datasette
 
-    from groundkit_datasette.collection.ingest import ingest
+    from groundkit_datasette.indexing.ingest import ingest
 
     from .conftest import write_corpus
 

@@ -11,7 +11,7 @@ import pytest
 from datasette.app import Datasette
 from mcp import Client
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 from .conftest import snapshot, write_corpus
 from .test_mcp import Served, drop_volatile, json_call, mcp_body

@@ -16,7 +16,7 @@ import pytest
 from datasette.app import Datasette
 from onnx import numpy_helper
 
-from groundkit_datasette.collection.ingest import Indexer, embedding_text, ingest
+from groundkit_datasette.indexing.ingest import Indexer, embedding_text, ingest
 from groundkit_datasette.embedding import onnx_graph
 from groundkit_datasette.embedding.embedders import MiniLMEmbedder
 from groundkit_datasette.embedding.onnx_cpu import cpu_session

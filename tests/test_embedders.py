@@ -7,7 +7,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from groundkit_datasette import plugins
+from groundkit_datasette import registry
 from groundkit_datasette.embedding.embedders import (
     DEFAULT_EMBEDDER,
     Embedder,
@@ -251,14 +251,14 @@ def test_plugin_embedder_found_through_hook():
         register("constant", _Constant)
 
     plugin.register_embedders = register_embedders
-    plugins.pm.register(plugin)
+    registry.pm.register(plugin)
     try:
         embedder = get_embedder("constant", value=1.0)
         assert isinstance(embedder, _Constant)
         assert embedder.embed(["a", "b"]).shape == (2, 3)
         assert embedder.embed_query("a").tolist() == [1.0, 0.0, 0.0]
     finally:
-        plugins.pm.unregister(plugin)
+        registry.pm.unregister(plugin)
     with pytest.raises(EmbedderError):
         get_embedder("constant")
 

@@ -11,7 +11,7 @@ from groundkit_datasette.cli import cli
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.errors import InvalidRequest
 from .test_ann import clustered  # noqa: F401  (the clustered embedder plugin)
-from groundkit_datasette.retrieval.evaluate import (
+from groundkit_datasette.evaluation.evaluate import (
     documents_from_chunks,
     evaluate,
     load_dataset,
@@ -278,10 +278,10 @@ def test_eval_ranks_an_ann_collection_as_deep_as_the_product(tmp_path, clustered
     """Eval used to cut dense lists on ANN collections to ef / refine (75 chunks), a limit the
     product no longer has: its hybrid fused 100 BM25 chunks with 75 dense ones, so eval's hybrid
     figure was not the product's (nfcorpus_approx: 0.3524 instead of 0.3538)."""
-    from groundkit_datasette.collection import vectors
-    from groundkit_datasette.collection.ingest import ingest
+    from groundkit_datasette.indexing import vectors
+    from groundkit_datasette.indexing.ingest import ingest
     from groundkit_datasette.retrieval import rankers
-    from groundkit_datasette.retrieval.evaluate import _ranked_chunks
+    from groundkit_datasette.evaluation.evaluate import _ranked_chunks
     from groundkit_datasette.retrieval.models import SearchRequest
     from groundkit_datasette.retrieval.modes import fuse
 

@@ -1,8 +1,8 @@
 import pypdf
 import pytest
 
-from groundkit_datasette.collection.chunking import chunk_text
-from groundkit_datasette.collection.extract import (
+from groundkit_datasette.indexing.chunking import chunk_text
+from groundkit_datasette.indexing.extract import (
     HTML_EXTRACTOR_VERSION,
     PDF_PAGE_SEPARATOR,
     Extracted,

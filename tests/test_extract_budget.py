@@ -3,7 +3,7 @@
 Every hostile file here is built by the test: a 32 KB spreadsheet whose 275,000 rows each hold
 one cell in the last column (XFD), a docx whose document.xml inflates to 200 MB, a PDF of
 10,001 pages. They are ingested and re-extracted for real, in the fork server's children
-(collection/isolation.py); nothing is mocked. Where a limit must be reached deterministically
+(indexing/isolation.py); nothing is mocked. Where a limit must be reached deterministically
 (the time and memory limits of a real extraction), the limit is lowered for the test.
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from groundkit_datasette.collection import extract, isolation
-from groundkit_datasette.collection.extract import (Exceeded, ExtractionBusy, Skipped, extract_bytes,
+from groundkit_datasette.indexing import extract, isolation
+from groundkit_datasette.indexing.extract import (Exceeded, ExtractionBusy, Skipped, extract_bytes,
                                                     extract_file)
-from groundkit_datasette.collection.ingest import Indexer, ingest
+from groundkit_datasette.indexing.ingest import Indexer, ingest
 from groundkit_datasette.retrieval.collection import Collection
 from .pdf_support import write_pdf
 
@@ -252,7 +252,7 @@ def test_the_forked_map_stage_isolates_and_budgets_the_same(tmp_path, hostile_fi
     for name, path in hostile_files.items():
         (corpus / name).write_bytes(path.read_bytes())
     script = ("import json, sys\n"
-              "from groundkit_datasette.collection.ingest import Indexer\n"
+              "from groundkit_datasette.indexing.ingest import Indexer\n"
               "r = Indexer('docs', index_dir=sys.argv[2], embedder='none').ingest([sys.argv[1]])\n"
               "print(json.dumps(r.as_dict()))\n")
     result = subprocess.run([sys.executable, "-c", script, str(corpus), str(tmp_path / "index")],
@@ -471,7 +471,7 @@ def test_answers_are_plain_data_and_children_do_not_nest(tmp_path):
 def test_the_fork_server_and_the_workers_end_with_their_owner():
     script = ("import sys\n"
               "sys.path.insert(0, sys.argv[1])\n"
-              "from groundkit_datasette.collection import extract, isolation\n"
+              "from groundkit_datasette.indexing import extract, isolation\n"
               "import tests.test_extract_budget as t\n"
               "isolation.run_isolated(t.echo, timeout=60, memory_bytes=1 << 28)\n"
               "try:\n    extract.extract_bytes(b'x', '.pdf')\nexcept extract.Skipped:\n    pass\n"

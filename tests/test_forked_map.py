@@ -1,4 +1,4 @@
-"""The map stage in forked processes (collection/forked_map.py, adr/0046-forked-map-stage.md).
+"""The map stage in forked processes (indexing/forked_map.py, adr/0046-forked-map-stage.md).
 
 The ingest tests run in fresh interpreters: this one has threads of its own by now (Datasette
 and asyncio leave them), and a process with threads does not fork its map stage."""
@@ -13,7 +13,7 @@ import threading
 
 import pytest
 
-from groundkit_datasette.collection import forked_map
+from groundkit_datasette.indexing import forked_map
 
 
 def _alive(pid: int) -> bool:
@@ -81,7 +81,7 @@ def test_closing_early_stops_the_children():
 
 
 def _logs(batch):
-    logging.getLogger("groundkit_datasette.collection.ingest").warning("read batch %d", batch[0])
+    logging.getLogger("groundkit_datasette.indexing.ingest").warning("read batch %d", batch[0])
     return batch[0]
 
 
@@ -119,8 +119,8 @@ def test_a_process_with_threads_or_unprepared_pools_does_not_fork(monkeypatch):
 
 _INGEST = """
 import json, logging, sys
-from groundkit_datasette.collection import forked_map
-from groundkit_datasette.collection.ingest import Indexer
+from groundkit_datasette.indexing import forked_map
+from groundkit_datasette.indexing.ingest import Indexer
 forked_map.cpus = lambda: 3  # two children, as on a machine with three CPUs, whatever this one has
 logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname)s %(message)s")
 events = []

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from groundkit_datasette.retrieval.collection import Collection
-from groundkit_datasette.collection.extract import (NO_TEXT_LAYER, Skipped, extract_bytes,
+from groundkit_datasette.indexing.extract import (NO_TEXT_LAYER, Skipped, extract_bytes,
                                                     extract_file, extractor_available)
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 
 def make_docx(path: Path, marker: str = "Heliostat") -> Path:

@@ -14,7 +14,7 @@ from datasette.app import Datasette
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, MAX_VECTOR_DIMS
 
 ERROR_KEYS = {"ok", "error", "detail", "request_id"}

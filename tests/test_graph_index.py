@@ -1,4 +1,4 @@
-"""The index file's proximity graph (collection/vectors.py, adr/0033 "Graph index"): above
+"""The index file's proximity graph (indexing/vectors.py, adr/0033 "Graph index"): above
 IVF_MIN_ROWS a base file also holds an HNSW graph (usearch) viewed in place in the file's
 mapping. A query walks it to a shortlist and ranks the shortlist by exact cosine scores, so
 what it returns is scored as exact search scores it; filters stay prefilters; deltas (small
@@ -8,10 +8,10 @@ answer from the inverted file as before."""
 import numpy as np
 import pytest
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection import vectors
-from groundkit_datasette.collection.ingest import Indexer, ingest
-from groundkit_datasette.collection.vectors import IndexSearch, VectorSearch
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing import vectors
+from groundkit_datasette.indexing.ingest import Indexer, ingest
+from groundkit_datasette.indexing.vectors import IndexSearch, VectorSearch
 from groundkit_datasette.retrieval.collection import Collection
 
 from .embedder_support import ClusteredEmbedder, embedder_plugin
@@ -25,10 +25,10 @@ Plugin = embedder_plugin("graph32", ClusteredEmbedder("graph-32", CENTRES, 0.8))
 @pytest.fixture(autouse=True)
 def graph_sized(monkeypatch):
     """A few hundred chunks take the large-collection path (inverted file and graph)."""
-    gk_plugins.pm.register(Plugin, name="graph32-test")
+    gk_registry.pm.register(Plugin, name="graph32-test")
     monkeypatch.setattr(vectors, "IVF_MIN_ROWS", 100)
     yield
-    gk_plugins.pm.unregister(name="graph32-test")
+    gk_registry.pm.unregister(name="graph32-test")
 
 
 def _write_corpus(corpus, files=6, entries=60, tag=""):

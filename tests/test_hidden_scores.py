@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.retrieval.permissions import Reader, ScopedCollection
@@ -53,11 +53,11 @@ class RerankPlugin:
 
 @pytest.fixture(scope="module", autouse=True)
 def plugins():
-    gk_plugins.pm.register(VecPlugin, name="hs-vec-test")
-    gk_plugins.pm.register(RerankPlugin, name="hs-overlap-test")
+    gk_registry.pm.register(VecPlugin, name="hs-vec-test")
+    gk_registry.pm.register(RerankPlugin, name="hs-overlap-test")
     yield
-    gk_plugins.pm.unregister(name="hs-vec-test")
-    gk_plugins.pm.unregister(name="hs-overlap-test")
+    gk_registry.pm.unregister(name="hs-vec-test")
+    gk_registry.pm.unregister(name="hs-overlap-test")
 
 
 def _text(rng, n_words, vocabulary=WORDS):
@@ -346,7 +346,7 @@ def test_a_reader_who_sees_everything_gets_the_stored_figures(built):
 def _partial_vectors(tmp_path, name: str, hidden_docs: int):
     """A collection with ``hidden_docs`` hidden documents whose public ferries document lost
     its vectors (a partial table, published by hand as tests/test_cli.py does)."""
-    from groundkit_datasette.collection.vectors import open_table
+    from groundkit_datasette.indexing.vectors import open_table
 
     docs = tmp_path / name / "docs"
     (docs / "hr").mkdir(parents=True)

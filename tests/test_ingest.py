@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from groundkit_datasette.collection import schema
-from groundkit_datasette.collection.terms import TermTable
+from groundkit_datasette.indexing import schema
+from groundkit_datasette.indexing.terms import TermTable
 from groundkit_datasette.errors import CollectionBusy, InvalidCollectionName, InvalidRequest
-from groundkit_datasette.collection.extract import extract_file
-from groundkit_datasette.collection.ingest import Indexer, ingest
+from groundkit_datasette.indexing.extract import extract_file
+from groundkit_datasette.indexing.ingest import Indexer, ingest
 
 from .conftest import snapshot
 
@@ -196,7 +196,7 @@ def test_kill_during_ingest_leaves_the_published_file_whole(tmp_path, index_dir)
     # finish before a timed kill), says so, and is killed there.
     script = (
         "import sys, time\n"
-        "from groundkit_datasette.collection.ingest import Indexer\n"
+        "from groundkit_datasette.indexing.ingest import Indexer\n"
         "written = 0\n"
         "def progress(event):\n"
         "    global written\n"
@@ -412,10 +412,10 @@ class _WideEmbedder:
 
 
 def test_vectors_bind_the_manifest_and_a_different_model_is_refused(corpus, index_dir):
-    from groundkit_datasette import plugins as gk_plugins
+    from groundkit_datasette import registry as gk_registry
     from groundkit_datasette.errors import EmbedderError
     from groundkit_datasette.hookspecs import hookimpl
-    from groundkit_datasette.collection.vectors import open_table
+    from groundkit_datasette.indexing.vectors import open_table
 
     first = ingest([corpus], collection="energy", index_dir=index_dir)
     conn = open_immutable(index_dir / "energy.sqlite3")
@@ -433,7 +433,7 @@ def test_vectors_bind_the_manifest_and_a_different_model_is_refused(corpus, inde
         def register_embedders(register):
             register("wide", lambda **o: _WideEmbedder())
 
-    gk_plugins.pm.register(Plugin, name="wide-test")
+    gk_registry.pm.register(Plugin, name="wide-test")
     try:
         before = snapshot(index_dir)
         (corpus / "solar.md").write_text("# Solar\n\nchanged\n")
@@ -446,7 +446,7 @@ def test_vectors_bind_the_manifest_and_a_different_model_is_refused(corpus, inde
         with pytest.raises(InvalidRequest, match="without vectors"):
             ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
     finally:
-        gk_plugins.pm.unregister(name="wide-test")
+        gk_registry.pm.unregister(name="wide-test")
 
 
 def test_only_new_chunk_text_is_embedded_on_reingest(corpus, index_dir):
@@ -460,7 +460,7 @@ def test_only_new_chunk_text_is_embedded_on_reingest(corpus, index_dir):
     n_chunks = conn.execute("SELECT count(*) FROM chunks").fetchone()[0]
     version = conn.execute("SELECT value FROM groundkit_manifest WHERE key='lance_version'").fetchone()[0]
     conn.close()
-    from groundkit_datasette.collection.vectors import open_table
+    from groundkit_datasette.indexing.vectors import open_table
 
     assert open_table(index_dir / "energy.lance", int(version)).count_rows() == n_chunks
 
@@ -493,6 +493,6 @@ def test_pdf_chunks_keep_their_page_numbers_and_verify(tmp_path, index_dir):
 def test_the_suffix_ingest_picks_an_extractor_by_is_the_paths_own(source):
     from pathlib import PurePosixPath
 
-    from groundkit_datasette.collection.ingest import _suffix
+    from groundkit_datasette.indexing.ingest import _suffix
 
     assert _suffix(source) == PurePosixPath(source).suffix

@@ -9,9 +9,9 @@ import os
 import shutil
 import sqlite3
 
-from groundkit_datasette.collection import schema
-from groundkit_datasette.collection import vectors as vectors_module
-from groundkit_datasette.collection.ingest import Indexer
+from groundkit_datasette.indexing import schema
+from groundkit_datasette.indexing import vectors as vectors_module
+from groundkit_datasette.indexing.ingest import Indexer
 
 from tests.test_ann import clustered  # noqa: F401  (the fixture)
 

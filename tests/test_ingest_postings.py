@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from benchmarks._legacy_postings import rebuild_postings as _reference_rebuild
-from groundkit_datasette.collection import terms
-from groundkit_datasette.collection.ingest import Indexer
+from groundkit_datasette.indexing import terms
+from groundkit_datasette.indexing.ingest import Indexer
 from groundkit_datasette.retrieval import bm25
 from groundkit_datasette.retrieval.collection import Collection
 

@@ -4,8 +4,8 @@ exactly), a larger one is added into the trained partitions, and growth past
 ANN_RETRAIN_GROWTH trains it again."""
 
 
-from groundkit_datasette.collection import vectors as vectors_module
-from groundkit_datasette.collection.ingest import Indexer
+from groundkit_datasette.indexing import vectors as vectors_module
+from groundkit_datasette.indexing.ingest import Indexer
 from groundkit_datasette.retrieval.collection import Collection
 
 from tests.test_ann import EMBEDDER, clustered  # noqa: F401  (the fixture)

@@ -8,7 +8,7 @@ import pytest
 
 from datasette.app import Datasette
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.surfaces import inline_calls
 from groundkit_datasette.surfaces.inline_calls import InlineCalls
 

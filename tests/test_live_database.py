@@ -9,8 +9,8 @@ import pytest
 from datasette.app import Datasette
 from datasette.database import Database
 
-from groundkit_datasette.collection.ingest import ingest
-from groundkit_datasette.plugin import live_database
+from groundkit_datasette.indexing.ingest import ingest
+from groundkit_datasette.datasette_plugin import live_database
 from groundkit_datasette.surfaces.datasette_compat import CollectionVersion
 
 

@@ -13,8 +13,8 @@ import pytest
 from datasette.app import Datasette
 from mcp import Client
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval.bm25 import query_words, tokenize
 
 from .test_mcp import Served, drop_volatile, json_call, mcp_body
@@ -38,12 +38,12 @@ def built(tmp_path_factory):
     for name, text in DOCS.items():
         (corpus / name).write_text(text, encoding="utf-8")
     index_dir = root / "index"
-    mcp_test_models.register_all(gk_plugins.pm)
+    mcp_test_models.register_all(gk_registry.pm)
     try:
         ingest([corpus], collection="drinks", index_dir=index_dir, embedder="test-hash")
         yield {"corpus": corpus, "index_dir": index_dir}
     finally:
-        mcp_test_models.unregister_all(gk_plugins.pm)
+        mcp_test_models.unregister_all(gk_registry.pm)
 
 
 @pytest.fixture

@@ -25,9 +25,9 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict
 
-from groundkit_datasette import plugins as gk_plugins
+from groundkit_datasette import registry as gk_registry
 from groundkit_datasette.hookspecs import hookimpl
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.surfaces.mcp_server import (
     ERROR_META_KEY, STATUS_META_KEY, input_schema, output_schema,
 )
@@ -414,7 +414,7 @@ class ExplodingPlugin:
 @pytest.fixture
 def exploding_server(built):
     plugin = ExplodingPlugin()
-    gk_plugins.pm.register(plugin, name="mcp-test-explode")
+    gk_registry.pm.register(plugin, name="mcp-test-explode")
     try:
         ds = http_ds(built)
         server = Served(ds.app())
@@ -423,7 +423,7 @@ def exploding_server(built):
         finally:
             server.stop()
     finally:
-        gk_plugins.pm.unregister(name="mcp-test-explode")
+        gk_registry.pm.unregister(name="mcp-test-explode")
 
 
 async def test_internal_errors_never_reach_the_client(exploding_server):

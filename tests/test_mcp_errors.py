@@ -20,8 +20,8 @@ from datasette.app import Datasette
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing.ingest import ingest
 
 from .conftest import snapshot, write_corpus
 from .test_mcp import Served, drop_volatile, json_call, mcp_body
@@ -91,7 +91,7 @@ def built(tmp_path_factory, failing_endpoint):
     root = tmp_path_factory.mktemp("mcp-errors")
     corpus = write_corpus(root / "corpus")
     index_dir = root / "index"
-    mcp_test_models.register_all(gk_plugins.pm)
+    mcp_test_models.register_all(gk_registry.pm)
     try:
         ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
         ingest([corpus], collection="vecs", index_dir=index_dir, embedder="test-hash")
@@ -115,7 +115,7 @@ def built(tmp_path_factory, failing_endpoint):
         }
         yield {"root": root, "index_dir": index_dir, "configs": configs, "before": snapshot(index_dir)}
     finally:
-        mcp_test_models.unregister_all(gk_plugins.pm)
+        mcp_test_models.unregister_all(gk_registry.pm)
 
 
 def cases(config):
@@ -164,8 +164,8 @@ async def test_every_error_status_over_stdio(built, config, tmp_path):
         "import sys\n"
         f"sys.path.insert(0, {str(PLUGINS_DIR)!r})\n"
         "import mcp_test_models\n"
-        "from groundkit_datasette import plugins\n"
-        "mcp_test_models.register_all(plugins.pm)\n"
+        "from groundkit_datasette import registry\n"
+        "mcp_test_models.register_all(registry.pm)\n"
         "from groundkit_datasette.cli import cli\n"
         f"cli(['-v', 'mcp', '--metadata', {str(metadata)!r}])\n"
     )

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.embedding import onnx_graph
 from groundkit_datasette.embedding.embedders import MiniLMEmbedder
 from groundkit_datasette.embedding.onnx_cpu import cpu_session

@@ -11,8 +11,8 @@ from jsonschema.exceptions import ValidationError
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.surfaces.tools import all_tools
 
 sys.path.insert(0, str(Path(__file__).parent / "plugins"))
@@ -53,12 +53,12 @@ async def fetch_doc(ds):
 
 
 async def test_every_operation_of_the_table_is_in_the_document(collection, corpus):
-    gk_plugins.pm.register(word_count, name="word_count")
+    gk_registry.pm.register(word_count, name="word_count")
     try:
         tools = all_tools()
         doc = await fetch_doc(make_ds(collection, corpus))
     finally:
-        gk_plugins.pm.unregister(name="word_count")
+        gk_registry.pm.unregister(name="word_count")
     assert doc["openapi"] == "3.1.0"
     ids = [op["operationId"] for item in doc["paths"].values() for k, op in item.items()
            if k in ("get", "post")]

@@ -14,10 +14,10 @@ import pypdfium2 as pdfium
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette.collection.extract import Skipped, extract_bytes
-from groundkit_datasette.collection.ingest import ingest
-from groundkit_datasette.retrieval import page_images
-from groundkit_datasette.retrieval.page_images import (
+from groundkit_datasette.indexing.extract import Skipped, extract_bytes
+from groundkit_datasette.indexing.ingest import ingest
+from groundkit_datasette.retrieval import page_render
+from groundkit_datasette.retrieval.page_render import (
     PAGE_WIDTH_PX, PageImageCache, PageImage, chunk_page_image, map_span, page_texts,
 )
 
@@ -115,7 +115,7 @@ def pdf_corpus(tmp_path):
     # Small chunks: the second page's repeated sentence is its own chunk.
     ingest([corpus], collection="plant", index_dir=index_dir, embedder="none",
            chunk_size=60, chunk_overlap=0)
-    page_images.CACHE = PageImageCache()
+    page_render.CACHE = PageImageCache()
     return corpus, index_dir, pdf
 
 
@@ -202,7 +202,7 @@ def test_a_rotated_page_is_highlighted_where_its_words_are_shown():
     extracted = extract_bytes(pdf, ".pdf")
     _, text = page_texts(extracted.text, extracted.page_starts)[0]
     start = text.index("second")
-    image = page_images.render_page(pdf, text, start, start + len("second line"), 1)
+    image = page_render.render_page(pdf, text, start, start + len("second line"), 1)
     pixels = decode_png(image.png)
     assert image.width > image.height  # shown turned, as a viewer shows it
     doc = pdfium.PdfDocument(pdf)
@@ -230,10 +230,10 @@ async def test_the_chunk_page_shows_the_page_and_nothing_is_written(pdf_corpus, 
     src = f"/plant/-/groundkit/chunks/{chunk_id}/pages/2.png"
     assert f'src="{src}"' in r.text and 'alt="Page 2 of report.pdf, the cited text highlighted"' in r.text
     assert (await ds.client.get(src)).status_code == 200
-    cached = len(page_images.CACHE)
-    assert cached == 1 and page_images.CACHE.size > 0
+    cached = len(page_render.CACHE)
+    assert cached == 1 and page_render.CACHE.size > 0
     assert (await ds.client.get(src)).status_code == 200
-    assert len(page_images.CACHE) == cached  # served from memory
+    assert len(page_render.CACHE) == cached  # served from memory
     assert snapshot(tmp_path) == before  # no file anywhere under the corpus or the index
     # A chunk of a Markdown file has no page image (and its page says nothing about one).
     md = chunk_with(index_dir, "gearbox order")
@@ -318,7 +318,7 @@ async def test_past_a_bound_the_answer_is_413_or_422(pdf_corpus, monkeypatch, bo
     corpus, index_dir, _pdf = pdf_corpus
     ds = make_ds(index_dir, corpus)
     chunk_id = chunk_with(index_dir, "Turbine blades")
-    monkeypatch.setattr(page_images, bound, value)
+    monkeypatch.setattr(page_render, bound, value)
     r = await ds.client.get(image_path(chunk_id, 2))
     assert r.status_code == status, r.text
     body = r.json()
@@ -431,13 +431,13 @@ def hostile_corpus(tmp_path):
     index_dir.mkdir()
     ingest([corpus], collection="plant", index_dir=index_dir, embedder="none",
            chunk_size=60, chunk_overlap=0)
-    page_images.CACHE = PageImageCache()
+    page_render.CACHE = PageImageCache()
     return corpus, index_dir
 
 
 def pdfium_children() -> list[int]:
     """The live children of this process's fork server: the pdfium (or parser) children."""
-    from groundkit_datasette.collection.isolation import server_pid
+    from groundkit_datasette.indexing.isolation import server_pid
 
     server = server_pid()
     if server is None:
@@ -472,7 +472,7 @@ async def test_a_slow_page_times_out_is_killed_and_does_not_hold_up_other_pages(
     import asyncio
 
     corpus, index_dir = hostile_corpus
-    monkeypatch.setattr(page_images, "RENDER_SECONDS", 6.0)  # 20x an ordinary page here
+    monkeypatch.setattr(page_render, "RENDER_SECONDS", 6.0)  # 20x an ordinary page here
     ds = make_ds(index_dir, corpus)
     slow = asyncio.ensure_future(ds.client.get(image_path(_chunk_of(index_dir, "slow.pdf"), 1)))
     await until(lambda: pdfium_children() or slow.done(), "the slow page in a pdfium child")
@@ -495,14 +495,14 @@ async def test_a_timed_out_render_frees_its_slot_and_past_the_slots_the_answer_i
     import asyncio
 
     corpus, index_dir = hostile_corpus
-    monkeypatch.setattr(page_images, "RENDER_SECONDS", 6.0)
+    monkeypatch.setattr(page_render, "RENDER_SECONDS", 6.0)
     # None waiting: a request with a child was admitted, so two children mean no slot is left.
-    monkeypatch.setattr(page_images, "MAX_QUEUED", 0)
+    monkeypatch.setattr(page_render, "MAX_QUEUED", 0)
     ds = make_ds(index_dir, corpus)
     slow_page = image_path(_chunk_of(index_dir, "slow.pdf"), 1)
     ordinary = image_path(chunk_with(index_dir, "Turbine blades"), 2)
-    slow = [asyncio.ensure_future(ds.client.get(slow_page)) for _ in range(page_images.MAX_RENDERS)]
-    await until(lambda: len(pdfium_children()) == page_images.MAX_RENDERS
+    slow = [asyncio.ensure_future(ds.client.get(slow_page)) for _ in range(page_render.MAX_RENDERS)]
+    await until(lambda: len(pdfium_children()) == page_render.MAX_RENDERS
                 or any(s.done() for s in slow), "every slow page in a pdfium child")
     r = await ds.client.get(ordinary)
     assert r.status_code == 503 and r.json()["error"] == "server_busy"

@@ -12,8 +12,8 @@ import pytest
 from datasette.app import Datasette
 from mcp import Client
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval.models import MAX_OFFSET
 
 from .test_mcp import Served, drop_volatile, json_call, mcp_body
@@ -46,13 +46,13 @@ def built(tmp_path_factory):
     root = tmp_path_factory.mktemp("paging")
     corpus = write_many(root / "corpus")
     index_dir = root / "index"
-    mcp_test_models.register_all(gk_plugins.pm)
+    mcp_test_models.register_all(gk_registry.pm)
     try:
         ingest([corpus], collection="many", index_dir=index_dir, embedder="none")
         ingest([corpus], collection="mixed", index_dir=index_dir, embedder="test-hash")
         yield {"corpus": corpus, "index_dir": index_dir}
     finally:
-        mcp_test_models.unregister_all(gk_plugins.pm)
+        mcp_test_models.unregister_all(gk_registry.pm)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from groundkit_datasette.surfaces.datasette_compat import DATASETTE_1, Collectio
 from groundkit_datasette.retrieval.permissions import Reader, ScopedCollection
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.errors import ChunkNotFound
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 from .conftest import write_corpus
 

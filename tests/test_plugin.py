@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection.ingest import ingest
-from groundkit_datasette.plugin import HEALTH_ROUTE, MCP_ROUTE, OPENAPI_ROUTE
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing.ingest import ingest
+from groundkit_datasette.datasette_plugin import HEALTH_ROUTE, MCP_ROUTE, OPENAPI_ROUTE
 from groundkit_datasette.surfaces.datasette_compat import DATASETTE_1
 from groundkit_datasette.surfaces.tools import Tool, all_tools
 
@@ -151,7 +151,7 @@ async def test_body_limits_by_header_and_by_bytes(ds):
 async def test_internal_errors_never_leak_their_cause(ds, collection, corpus):
     class Boom:
         @staticmethod
-        @gk_plugins.hookspecs.hookimpl
+        @gk_registry.hookspecs.hookimpl
         def register_tools(register):
             async def explode(ctx, collection, request):
                 try:
@@ -164,12 +164,12 @@ async def test_internal_errors_never_leak_their_cause(ds, collection, corpus):
                           scope="collection", method="POST",
                           json_route="/{collection}/-/groundkit/explode.json"))
 
-    gk_plugins.pm.register(Boom, name="boom")
+    gk_registry.pm.register(Boom, name="boom")
     try:
         fresh = make_ds(collection, corpus)
         r = await post_json(fresh, "/energy/-/groundkit/explode.json", {"word": "x"})
     finally:
-        gk_plugins.pm.unregister(name="boom")
+        gk_registry.pm.unregister(name="boom")
     assert r.status_code == 500
     assert r.json()["error"] == "internal_error" and r.json()["detail"] == "internal error"
     assert "SENTINEL" not in r.text and "boom" not in r.text and "shadow" not in r.text
@@ -178,7 +178,7 @@ async def test_internal_errors_never_leak_their_cause(ds, collection, corpus):
 def registered_patterns(ds):
     """Every route our plugin module registers, from each of its register_routes hookimpls
     (other installed plugins, such as datasette-mcp's ``/-/mcp``, are not ours)."""
-    import groundkit_datasette.plugin as gk_plugin
+    import groundkit_datasette.datasette_plugin as gk_plugin
     from datasette.plugins import pm as ds_pm
 
     patterns = []
@@ -232,7 +232,7 @@ def route_mismatch(ds):
 async def test_a_route_outside_the_table_fails_the_parity_check(ds, monkeypatch):
     """The check reads what the plugin really registers: a route added beside the table, or a
     table route dropped, is reported."""
-    import groundkit_datasette.plugin as gk_plugin
+    import groundkit_datasette.datasette_plugin as gk_plugin
 
     real = gk_plugin.routes_for
     sneaky = "^/-/groundkit/sneaky.json$"
@@ -244,7 +244,7 @@ async def test_a_route_outside_the_table_fails_the_parity_check(ds, monkeypatch)
 
 
 async def test_plugin_tools_land_in_the_table_and_the_json_api(collection, corpus):
-    gk_plugins.pm.register(word_count, name="word_count")
+    gk_registry.pm.register(word_count, name="word_count")
     try:
         names = [t.name for t in all_tools()]
         assert "word_count" in names
@@ -253,7 +253,7 @@ async def test_plugin_tools_land_in_the_table_and_the_json_api(collection, corpu
         r = await post_json(ds, "/energy/-/groundkit/word-count.json", {"word": "turbines"})
         assert r.status_code == 200 and r.json()["chunks"] == 2
     finally:
-        gk_plugins.pm.unregister(name="word_count")
+        gk_registry.pm.unregister(name="word_count")
     assert "word_count" not in [t.name for t in all_tools()]
 
 
@@ -523,11 +523,11 @@ async def test_a_refused_body_is_logged_with_its_request_id_and_never_echoed(ds,
 def vec_plugins():
     from fixed_vectors import Embedders, GateReranker
 
-    gk_plugins.pm.register(Embedders, name="fixed-embedders")
-    gk_plugins.pm.register(GateReranker, name="gate-reranker")
+    gk_registry.pm.register(Embedders, name="fixed-embedders")
+    gk_registry.pm.register(GateReranker, name="gate-reranker")
     yield
-    gk_plugins.pm.unregister(name="fixed-embedders")
-    gk_plugins.pm.unregister(name="gate-reranker")
+    gk_registry.pm.unregister(name="fixed-embedders")
+    gk_registry.pm.unregister(name="gate-reranker")
 
 
 @pytest.fixture

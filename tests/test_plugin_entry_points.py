@@ -30,10 +30,10 @@ def _install_fake_distribution(site):
 
 PROBE = """
 import json, sys
-import groundkit_datasette.plugins
+import groundkit_datasette.registry
 from groundkit_datasette.embedding import embedders
 before = "gk_echo_plugin" in sys.modules
-from groundkit_datasette.plugins import build, registered
+from groundkit_datasette.registry import build, registered
 from groundkit_datasette.errors import InvalidRequest
 found = sorted(registered("register_embedders"))
 built = build("register_embedders", "embedder", "echo", {"dimensions": "5"}, InvalidRequest)

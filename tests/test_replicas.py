@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from groundkit_datasette.collection.ingest import Indexer
+from groundkit_datasette.indexing.ingest import Indexer
 
 from .replica_support import Replicas, published_metadata
 

@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from groundkit_datasette import plugins
+from groundkit_datasette import registry
 from groundkit_datasette.errors import RedirectRefused, RerankerError, UnsafeEndpoint
 from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.retrieval.rerankers import (
@@ -427,19 +427,19 @@ class _ThirdPartyPlugin:
 
 def test_third_party_reranker_via_hook():
     plugin = _ThirdPartyPlugin()
-    plugins.pm.register(plugin, name="test-third-party-reranker")
+    registry.pm.register(plugin, name="test-third-party-reranker")
     try:
         reranker = get_reranker("by-length", model_name="custom")
         assert isinstance(reranker, Reranker)
         assert reranker.model_name == "custom"
         assert reranker.score("q", ["a", "abc"]) == [1.0, 3.0]
         # Built-ins are still there alongside it.
-        assert {"cross-encoder", "http", "by-length"} <= set(plugins.registered("register_rerankers"))
+        assert {"cross-encoder", "http", "by-length"} <= set(registry.registered("register_rerankers"))
     finally:
-        plugins.pm.unregister(plugin)
+        registry.pm.unregister(plugin)
     with pytest.raises(RerankerError, match="unknown reranker"):
         get_reranker("by-length")
 
 
 def test_cross_encoder_class_is_the_registered_factory():
-    assert plugins.registered("register_rerankers")["cross-encoder"] is CrossEncoderReranker
+    assert registry.registered("register_rerankers")["cross-encoder"] is CrossEncoderReranker

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval import search as gk_search
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.retrieval.models import ComponentScore, SearchResponse
@@ -110,7 +110,7 @@ import httpx  # noqa: E402
 from datasette.app import Datasette  # noqa: E402
 from mcp import Client  # noqa: E402
 
-from groundkit_datasette import plugins as gk_plugins  # noqa: E402
+from groundkit_datasette import registry as gk_registry  # noqa: E402
 from groundkit_datasette.retrieval.models import PlainResponse, SearchRequest  # noqa: E402
 
 from .test_mcp import Served, json_call, mcp_body  # noqa: E402
@@ -149,12 +149,12 @@ class LengthReranker:
 def mixed(tmp_path):
     """The bird corpus in a collection with vectors (the test-hash embedder)."""
     corpus, index_dir = build_birds(tmp_path, {"guide.md": "# Falcons\n\nThe peregrine stoops."})
-    mcp_test_models.register_all(gk_plugins.pm)
+    mcp_test_models.register_all(gk_registry.pm)
     try:
         ingest([corpus], collection="mixed", index_dir=index_dir, embedder="test-hash")
         yield corpus, index_dir
     finally:
-        mcp_test_models.unregister_all(gk_plugins.pm)
+        mcp_test_models.unregister_all(gk_registry.pm)
 
 
 PLAIN_SCENARIOS = [
@@ -211,14 +211,14 @@ def test_a_plugins_mode_is_validated_on_the_plain_path_too(built):
     """A plugin's mode (untrusted scores) is validated into the model, and its payload is
     that model's dump."""
     corpus, index_dir = built
-    gk_plugins.pm.register(title_mode, name="title_mode_serialize")
+    gk_registry.pm.register(title_mode, name="title_mode_serialize")
     try:
         with Collection.open("birds", index_dir=index_dir, base_dir=corpus) as col:
             request = SearchRequest(query="field guide unicode", mode="title")
             plain = gk_search.search_plain(col, request)
             want = gk_search.run_search(col, request).model_dump(mode="json")
     finally:
-        gk_plugins.pm.unregister(name="title_mode_serialize")
+        gk_registry.pm.unregister(name="title_mode_serialize")
     assert plain.payload["hits"] and plain.payload["mode"] == "title"
     assert _ordered(plain.payload) == _ordered(plain.model().model_dump(mode="json"))
     assert _ordered(_steady(plain.payload)) == _ordered(_steady(want))

@@ -1,4 +1,4 @@
-"""One safe open for every file ingest reads (collection/safe_read.py, adr/0049): whatever the
+"""One safe open for every file ingest reads (indexing/safe_read.py, adr/0049): whatever the
 walk saw, what is opened is a regular file inside the pinned base, read with a bound.
 
 Real files, links, FIFOs and device nodes; real swaps, both between the walk and the read (made
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from groundkit_datasette.collection import safe_read
-from groundkit_datasette.collection.ingest import Indexer, ingest
+from groundkit_datasette.indexing import safe_read
+from groundkit_datasette.indexing.ingest import Indexer, ingest
 from groundkit_datasette.retrieval import citations
 
 SECRET = "zqxsecretword outside the base"
@@ -233,7 +233,7 @@ while True:
 
 
 def forks_here() -> bool:
-    from groundkit_datasette.collection import forked_map
+    from groundkit_datasette.indexing import forked_map
 
     return forked_map.cpus() > 1 and forked_map.fork_safe()
 
@@ -309,7 +309,7 @@ def test_a_file_flipping_to_an_outside_link_is_never_published(tmp_path, base, o
 
 
 def test_a_file_over_the_bound_is_skipped_by_its_size(tmp_path, base):
-    from groundkit_datasette.collection.extract import MAX_FILE_BYTES
+    from groundkit_datasette.indexing.extract import MAX_FILE_BYTES
 
     with open(base / "big.txt", "wb") as f:  # sparse: 64 MiB and a byte, nothing written
         f.truncate(MAX_FILE_BYTES + 1)

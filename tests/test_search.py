@@ -13,7 +13,7 @@ from groundkit_datasette.errors import (
     InvalidRequest,
     RerankNotConfigured,
 )
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, SearchRequest
 
 from .conftest import snapshot, write_corpus

@@ -11,10 +11,10 @@ import pytest
 from datasette.app import Datasette
 from mcp import Client
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval.models import SearchRequest
 from groundkit_datasette.retrieval.modes import BUILTIN_MODES, registered_modes
-from groundkit_datasette.plugins import pm
+from groundkit_datasette.registry import pm
 
 from .conftest import write_corpus
 from .test_mcp import Served, drop_volatile, json_call, mcp_body

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 PYTHON = sys.executable
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -10,7 +10,7 @@ import pytest
 from datasette.app import Datasette
 
 from groundkit_datasette.retrieval.collection import Collection
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 
 from .conftest import write_corpus
 

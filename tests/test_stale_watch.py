@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval import stale
 from groundkit_datasette.retrieval.collection import Collection
 

@@ -10,7 +10,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from groundkit_datasette.collection import terms
+from groundkit_datasette.indexing import terms
 
 TEXT = "日本語の文書です。Solar panels, 東京 and ｶﾀｶﾅ words"
 

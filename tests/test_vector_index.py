@@ -1,4 +1,4 @@
-"""The memory-mapped vector index file (collection/vectors.py ``IndexSearch``): written by
+"""The memory-mapped vector index file (indexing/vectors.py ``IndexSearch``): written by
 ingest beside the LanceDB table it copies, named by the collection's manifest, opened by a
 query process without lancedb. It must answer what exact search over LanceDB's vectors
 answers, follow every re-ingest (small edits as a delta), never be written by a read, and
@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from groundkit_datasette import plugins as gk_plugins
-from groundkit_datasette.collection import vectors
-from groundkit_datasette.collection.ingest import Indexer, ingest
-from groundkit_datasette.collection.vectors import IndexSearch, VectorSearch
+from groundkit_datasette import registry as gk_registry
+from groundkit_datasette.indexing import vectors
+from groundkit_datasette.indexing.ingest import Indexer, ingest
+from groundkit_datasette.indexing.vectors import IndexSearch, VectorSearch
 from groundkit_datasette.retrieval.collection import Collection
 
 from .embedder_support import ClusteredEmbedder, embedder_plugin
@@ -28,9 +28,9 @@ Plugin = embedder_plugin("topics24", ClusteredEmbedder("topics-24", CENTRES, 0.7
 
 @pytest.fixture(autouse=True)
 def topics():
-    gk_plugins.pm.register(Plugin, name="topics24-test")
+    gk_registry.pm.register(Plugin, name="topics24-test")
     yield
-    gk_plugins.pm.unregister(name="topics24-test")
+    gk_registry.pm.unregister(name="topics24-test")
 
 
 def _write_corpus(corpus, files=5, entries=50, tag=""):
@@ -168,9 +168,9 @@ def test_a_read_writes_nothing_and_never_imports_lancedb(tmp_path):
     code = f"""
 import sys
 sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
-from groundkit_datasette import plugins
+from groundkit_datasette import registry
 from tests import test_vector_index as t
-plugins.pm.register(t.Plugin, name="t")
+registry.pm.register(t.Plugin, name="t")
 from groundkit_datasette.retrieval.collection import Collection
 col = Collection.open("vi", index_dir={str(tmp_path / "i")!r})
 r = col.search(query="thing 3 entry", mode="hybrid", top_k=5)

@@ -6,7 +6,7 @@ import json
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette.collection.ingest import ingest
+from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.retrieval.quotes import MAX_DOCUMENTS_SCANNED, MAX_QUOTE_CHARS, MAX_QUOTES, normalise
 
 from .conftest import snapshot, write_corpus

@@ -15,12 +15,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .. import plugins
+from .. import registry
 from ..errors import EmbedderError
 from ..hookspecs import hookimpl
 from .onnx_cpu import cpu_session, pending_session, usable_threads as _usable_threads
 
-from ..plugins import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
+from ..registry import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
 
 
 class Embedder:
@@ -39,7 +39,7 @@ class Embedder:
 
 def get_embedder(name: str = DEFAULT_EMBEDDER, **options: Any) -> Embedder:
     """Build the embedder registered as ``name`` with ``options``."""
-    return plugins.build("register_embedders", "embedder", name, options, EmbedderError)
+    return registry.build("register_embedders", "embedder", name, options, EmbedderError)
 
 
 def first_embedder(name: str, attempts: list[dict]) -> tuple[Embedder, dict]:
@@ -57,7 +57,7 @@ def first_embedder(name: str, attempts: list[dict]) -> tuple[Embedder, dict]:
 @hookimpl
 def register_embedders(register):
     register(DEFAULT_EMBEDDER, MiniLMEmbedder)
-    register("openai", plugins.LazyFactory(f"{__package__}.openai_compat", "OpenAICompatibleEmbedder"))
+    register("openai", registry.LazyFactory(f"{__package__}.openai_compat", "OpenAICompatibleEmbedder"))
 
 
 def __getattr__(name: str):

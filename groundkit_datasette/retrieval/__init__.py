@@ -4,5 +4,5 @@ Owns: the ``Collection`` (opened ``immutable=1``), the request and response mode
 Python API, what one reader may see (``permissions``), search modes (``modes``: BM25, dense,
 hybrid, plugins') and their ranking, fusion, reranking, citation verification, and the
 evaluation harness.
-May import: ``collection``, ``embedding``, ``security`` and the shared modules.
+May import: ``indexing``, ``embedding``, ``security`` and the shared modules.
 """

@@ -1,4 +1,4 @@
-"""BM25 scoring over the postings ingest stored (``collection/terms.py``, adr/0003):
+"""BM25 scoring over the postings ingest stored (``indexing/terms.py``, adr/0003):
 a query is a handful of indexed blob reads and a vector sum. A reader from whom access lists
 hide documents ranks over its own view of them (:class:`ReaderView`, adr/0051): postings of
 the chunks it may read, weighted with the statistics of those chunks alone.
@@ -11,11 +11,11 @@ from itertools import compress
 
 import numpy as np
 
-from ..collection.terms import (  # noqa: F401  (the reading side uses the writer's rules)
+from ..indexing.terms import (  # noqa: F401  (the reading side uses the writer's rules)
     B, DOCUMENT_MAP_ID, IDF_UNIT, K1, STOP_WORDS, TIE_ORDER_ID, TermTable, idf_of,
     rebuild_postings, settings, term_weights, tokenize,
 )
-from ..collection.terms import _CJK_CHAR, _stemmer, cjk_bigrams, words as _words
+from ..indexing.terms import _CJK_CHAR, _stemmer, cjk_bigrams, words as _words
 
 # Postings kept in memory per open collection (one published version, so never stale).
 POSTINGS_CACHE_TERMS = 50_000

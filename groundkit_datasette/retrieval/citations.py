@@ -16,11 +16,11 @@ from __future__ import annotations
 import os
 from pathlib import Path, PurePosixPath
 
-from ..collection import safe_read
+from ..indexing import safe_read
 from .models import Relocation, Verification
 from .stale import StaleCheck, _plain_relative, sources_changed  # noqa: F401 (StaleCheck, sources_changed: exported)
 
-# The ingest limit (collection/extract.py MAX_FILE_BYTES), not imported from there: a search never
+# The ingest limit (indexing/extract.py MAX_FILE_BYTES), not imported from there: a search never
 # needs the extractors' imports (tests/test_citations.py checks the two agree).
 MAX_FILE_BYTES = 64 * 1024 * 1024
 
@@ -56,7 +56,7 @@ def current_source(
     if base_dir is None:
         raise _Unresolvable("no base directory configured")
     real_base, path = _resolve_source(Path(base_dir), source)
-    from ..collection.extract import extractor_available  # here: a search never needs extract
+    from ..indexing.extract import extractor_available  # here: a search never needs extract
 
     if not extractor_available(extractor, extractor_version):
         raise _Unresolvable(f"extractor {extractor} version {extractor_version} is not available")
@@ -133,7 +133,7 @@ def _inside(path: Path, base: Path) -> bool:
 
 def _read_bounded(path: Path, real_base: Path) -> bytes:
     """The file ``path`` (just resolved inside ``real_base``) read by ingest's rule
-    (collection/safe_read.py): reached from a descriptor of the base with no link followed
+    (indexing/safe_read.py): reached from a descriptor of the base with no link followed
     (a link here appeared since the resolution), opened without blocking (a FIFO must not
     hang the server), a regular file by ``fstat``, at most MAX_FILE_BYTES."""
     try:
@@ -164,11 +164,11 @@ def _reextract(
     data: bytes, source: str, source_class: str, extractor: str, extractor_version: str,
     encoding: str | None = None,
 ) -> str:
-    from ..collection.extract import Exceeded, ExtractionBusy, Skipped, extract_bytes
+    from ..indexing.extract import Exceeded, ExtractionBusy, Skipped, extract_bytes
 
     # The suffix comes from the recorded source, as at ingest (not from a link's target).
     # ``serving``: PDFs and packages are parsed in a child with the serving time limit, at most
-    # SERVE_EXTRACTIONS at once in this process (collection/extract.py, adr/0050).
+    # SERVE_EXTRACTIONS at once in this process (indexing/extract.py, adr/0050).
     try:
         extracted = extract_bytes(data, PurePosixPath(source).suffix, encoding=encoding,
                                   serving=True)

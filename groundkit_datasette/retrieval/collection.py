@@ -14,12 +14,12 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..collection import schema
-from ..collection.schema import FileIdentity  # noqa: F401  (part of the reading API)
+from ..indexing import schema
+from ..indexing.schema import FileIdentity  # noqa: F401  (part of the reading API)
 from ..errors import ChunkNotFound, CollectionNotFound, IndexInconsistent, NotACollection
 # The response models (pydantic) are imported where they are used: a fresh process that
 # searches starts loading its query model before it imports them (adr/0037).
-from ..collection.names import LANCE_SUFFIX, NAME_PATTERN, SQLITE_SUFFIX, sqlite_path, validate_name
+from ..indexing.names import LANCE_SUFFIX, NAME_PATTERN, SQLITE_SUFFIX, sqlite_path, validate_name
 
 
 _SEARCH_API = None
@@ -125,7 +125,7 @@ class Collection:
         """Whether this version has (or a former one had) access lists; asked of this
         object's own connection, so a publish cannot change the answer mid-request."""
         if self._protected is None:
-            from ..collection.access_lists import connection_is_protected
+            from ..indexing.access_lists import connection_is_protected
 
             with self._lock:
                 self._protected = connection_is_protected(self._conn)
@@ -188,7 +188,7 @@ class Collection:
         if not self._vectors_loaded:
             with self._vector_lock:
                 if not self._vectors_loaded:
-                    from ..collection.vectors import open_table
+                    from ..indexing.vectors import open_table
 
                     version = self.manifest.get("lance_version")
                     table = None
@@ -209,7 +209,7 @@ class Collection:
         return self._vectors
 
     def vector_search(self):
-        """The query side of the vectors (collection/vectors.py ``VectorSearch``), opened
+        """The query side of the vectors (indexing/vectors.py ``VectorSearch``), opened
         once; None for a BM25-only collection."""
         if self._vector_search is None and not self._index_failed:
             name, version = self.manifest.get("vector_index"), self.manifest.get("lance_version")
@@ -217,7 +217,7 @@ class Collection:
                 # The memory-mapped index file: no lancedb import, nothing read up front.
                 with self._vector_lock:
                     if self._vector_search is None:
-                        from ..collection.vectors import IndexSearch
+                        from ..indexing.vectors import IndexSearch
 
                         try:
                             self._vector_search = IndexSearch(self.lance_path, name, int(version))
@@ -229,7 +229,7 @@ class Collection:
                 return None
             with self._vector_lock:
                 if self._vector_search is None:
-                    from ..collection.vectors import VectorSearch
+                    from ..indexing.vectors import VectorSearch
 
                     self._vector_search = VectorSearch(table, ann=bool(self.manifest.get("ann_index")))
         return self._vector_search
@@ -283,7 +283,7 @@ class Collection:
                 or mode not in (None, "dense", "hybrid") or not isinstance(query, str) or not query.strip()):
             return
         m = self.manifest  # not ``self.embedding``: that imports the models first
-        from ..plugins import DEFAULT_EMBEDDER
+        from ..registry import DEFAULT_EMBEDDER
 
         if not m.get("embedding_model") or m.get("embedder", DEFAULT_EMBEDDER) != DEFAULT_EMBEDDER:
             return

@@ -126,7 +126,7 @@ def register_search_modes(register):
 
 def registered_modes() -> dict[str, SearchMode]:
     """Every registered mode by name: the built-ins first, then plugins' in load order."""
-    from ..plugins import pm, _load_builtins
+    from ..registry import pm, _load_builtins
 
     global _registered
     # Every search asks (twice): the answer is kept while the hook's implementations stay

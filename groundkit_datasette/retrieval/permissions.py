@@ -1,7 +1,7 @@
 """What one reader may see of one collection version: the reader (from the Datasette
 actor), the SQL predicate over ``documents.acl``, the scoped collection every surface
 searches through, and the SQLite authorizer for Datasette's raw views of a protected
-version (adr/0011). The access-list format itself is ``collection/access_lists.py``.
+version (adr/0011). The access-list format itself is ``indexing/access_lists.py``.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..collection.access_lists import connection_is_protected
+from ..indexing.access_lists import connection_is_protected
 from ..errors import ChunkNotFound
 
 
@@ -90,7 +90,7 @@ def collection_has_acl(path: Path) -> bool:
     Only for decisions that are re-checked against the version read: Datasette's permission
     hooks (surfaces/datasette_compat.py), backed by ``deny_row_reads`` on the connection that
     runs the query. groundkit's own surfaces ask the open ``Collection``."""
-    from ..collection.schema import FileIdentity, connect_readonly
+    from ..indexing.schema import FileIdentity, connect_readonly
 
     try:
         identity = FileIdentity.of(path)

@@ -27,7 +27,7 @@ from pydantic import Field, StringConstraints, field_validator
 
 from .citations import SourceUnavailable, current_source, line_of
 from ..errors import TooManyDocuments
-from ..collection.extract import page_for_offset
+from ..indexing.extract import page_for_offset
 from .models import CHUNK_ID_PATTERN, MAX_QUERY_CHARS, Request, Response
 
 MAX_QUOTES = 20

@@ -265,7 +265,7 @@ def _bm25_ranked_by_hash(collection, query, depth, allowed):
 def dense_ranked(collection, vector, depth, allowed):
     """Top ``depth`` by cosine similarity among the allowed chunks (a prefilter, never a
     cut after ranking): exact in numpy for small tables, LanceDB's ANN index above
-    (collection/vectors.py ``VectorSearch``)."""
+    (indexing/vectors.py ``VectorSearch``)."""
     search = collection.vector_search()
     if search is None:
         raise DenseUnavailable("the collection has no vectors; use mode bm25")

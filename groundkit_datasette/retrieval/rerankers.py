@@ -14,7 +14,7 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-from .. import plugins
+from .. import registry
 from ..errors import RerankerError
 from ..hookspecs import hookimpl
 from ..embedding.onnx_cpu import cpu_session, usable_threads as _usable_threads
@@ -34,13 +34,13 @@ class Reranker(Protocol):
 
 def get_reranker(name: str, **options: Any) -> Reranker:
     """Build the reranker registered as ``name`` with ``options``."""
-    return plugins.build("register_rerankers", "reranker", name, options, RerankerError)
+    return registry.build("register_rerankers", "reranker", name, options, RerankerError)
 
 
 @hookimpl
 def register_rerankers(register):
     register("cross-encoder", CrossEncoderReranker)
-    register("http", plugins.LazyFactory(f"{__package__}.http_reranker", "HttpReranker"))
+    register("http", registry.LazyFactory(f"{__package__}.http_reranker", "HttpReranker"))
 
 
 def _check_inputs(query: str, texts: Sequence[str]) -> list[str]:

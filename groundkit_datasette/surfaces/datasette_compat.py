@@ -18,7 +18,7 @@ from datasette import hookimpl
 from datasette.database import Database
 from datasette.version import __version__ as DATASETTE_VERSION
 
-from ..collection.schema import FileIdentity, connect_readonly, is_collection_file
+from ..indexing.schema import FileIdentity, connect_readonly, is_collection_file
 from ..retrieval.permissions import collection_has_acl
 from ..security.boundary import RAW_READ_ACTIONS
 
@@ -225,7 +225,7 @@ class CollectionVersion(Database):
     """One published version of a collection file, served immutably (adr/0010, adr/0053).
 
     A re-ingest publishes a new file by rename; the plugin then serves a new
-    ``CollectionVersion`` under the same name (plugin/live_database.py), so every thread
+    ``CollectionVersion`` under the same name (datasette_plugin/live_database.py), so every thread
     opens a connection to the new file and every per-database cache starts empty.
     """
 

@@ -28,7 +28,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from . import mcp_direct, serialize, service, strictjson
-from ..collection.names import NAME_PATTERN
+from ..indexing.names import NAME_PATTERN
 from ..logs import IN_STATELESS_MCP
 from .service import RequestRejected, ToolContext, map_exception
 from .tools import Tool, all_tools

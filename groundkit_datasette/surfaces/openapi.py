@@ -12,7 +12,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from pydantic.json_schema import models_json_schema
 
-from ..collection.names import NAME_PATTERN
+from ..indexing.names import NAME_PATTERN
 from .tools import Tool
 
 REF = "#/components/schemas/{model}"

@@ -50,8 +50,8 @@ async def _error_response(datasette, request, ctx, error):
 
 def page_image_view(tool):
     async def view(datasette, request):
-        from ..collection.names import validate_name
-        from ..retrieval.page_images import RenderBusy, chunk_page_image, render_bounded
+        from ..indexing.names import validate_name
+        from ..retrieval.page_render import RenderBusy, chunk_page_image, render_bounded
         from .service import registry_for
 
         ctx = ToolContext(registry_for(datasette), request.actor, "html")

@@ -420,7 +420,7 @@ async def _chunk_context(datasette, request, ctx, response, arguments, status=No
 def _page_images(datasette, collection: str, chunk, verification):
     """The PDF pages a chunk page shows, or why it shows none: a page is drawn on only while
     the source is the one ingest read (the image route checks again, by hash)."""
-    from ..retrieval.page_images import MAX_PAGES_SHOWN, cited_pages
+    from ..retrieval.page_render import MAX_PAGES_SHOWN, cited_pages
 
     pages = cited_pages(chunk)
     if not pages:

@@ -16,7 +16,7 @@ from pathlib import Path
 import click
 
 from ..errors import GroundkitError
-from ..collection.names import SQLITE_SUFFIX, resolve_collection_arg
+from ..indexing.names import SQLITE_SUFFIX, resolve_collection_arg
 
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
@@ -24,7 +24,7 @@ LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 def collection_files(targets, index_dir: str = ".") -> list[Path]:
     """The collection files ``targets`` name: directories give all their collections."""
     from ..retrieval.collection import list_collections
-    from ..collection.schema import is_collection_file
+    from ..indexing.schema import is_collection_file
 
     files: list[Path] = []
     for target in targets or (index_dir,):

@@ -21,7 +21,7 @@ from ..security.auth import OIDCConfig, StaticToken, parse_oidc, parse_tokens
 from ..retrieval.collection import Collection
 from ..logs import REQUEST_LINE
 from ..retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, PlainResponse, SearchRequest
-from ..collection.names import validate_name
+from ..indexing.names import validate_name
 from .datasette_compat import can, collection_file
 from .inline_calls import InlineCalls
 
@@ -304,7 +304,7 @@ class Registry:
             log.debug("warm-up skipped: %s", type(exc).__name__)
 
     def candidate_names(self) -> list[str]:
-        from ..collection.names import NAME_PATTERN
+        from ..indexing.names import NAME_PATTERN
 
         return [
             name

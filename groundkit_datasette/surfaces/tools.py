@@ -244,7 +244,7 @@ BUILTIN_TOOLS = (
 
 def all_tools() -> tuple[Tool, ...]:
     """The built-ins plus every tool added through the ``register_tools`` hook."""
-    from ..plugins import pm, _load_builtins
+    from ..registry import pm, _load_builtins
 
     _load_builtins()
     tools = list(BUILTIN_TOOLS)

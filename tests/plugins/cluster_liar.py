@@ -9,7 +9,7 @@ ingesting process."""
 
 import os
 
-from groundkit_datasette.collection import cluster
+from groundkit_datasette.indexing import cluster
 
 _HONEST = {}
 

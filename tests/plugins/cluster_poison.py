@@ -32,14 +32,14 @@ class Plugin:
 
 
 def register():
-    from groundkit_datasette.plugins import pm
+    from groundkit_datasette.registry import pm
 
     if pm.get_plugin(PLUGIN) is None:
         pm.register(Plugin, name=PLUGIN)
 
 
 def unregister():
-    from groundkit_datasette.plugins import pm
+    from groundkit_datasette.registry import pm
 
     if pm.get_plugin(PLUGIN) is not None:
         pm.unregister(name=PLUGIN)

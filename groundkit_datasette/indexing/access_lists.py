@@ -105,7 +105,7 @@ _UNLISTABLE = frozenset({"\0"})  # a name no directory can hold
 class ACLResolver:
     """Access lists for the files of one ingest run under the pinned base directory ``tree``.
 
-    Every list file is read through ``tree`` (collection/safe_read.py): from the base's
+    Every list file is read through ``tree`` (indexing/safe_read.py): from the base's
     descriptor, a link followed only to a regular file inside the base, at most
     MAX_ACL_BYTES."""
 

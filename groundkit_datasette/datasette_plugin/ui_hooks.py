@@ -13,7 +13,7 @@ from datasette import hookimpl
 from markupsafe import Markup, escape
 
 from ..retrieval.models import CHUNK_ID_PATTERN
-from ..collection.names import NAME_PATTERN
+from ..indexing.names import NAME_PATTERN
 
 _CHUNK_ID = re.compile(CHUNK_ID_PATTERN)
 

@@ -30,7 +30,7 @@ from .access_lists import ACLResolver
 from .chunking import chunk_text
 from ..errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
 from .extract import MAX_FILE_BYTES, Skipped, extract_bytes, page_for_offset
-from ..plugins import DEFAULT_EMBEDDER
+from ..registry import DEFAULT_EMBEDDER
 from .names import lance_path, sqlite_path, validate_name
 from .schema import (add_cjk_tables, add_encoding_column, add_stat_columns, check_stamp, create_schema, index_new_chunks,
                      read_manifest, suspend_fts_trigger)
@@ -436,7 +436,7 @@ class Indexer:
     ):
         self.name = validate_name(name)
         # Turns files to (re)process into documents, in order: here (below), or on a cluster
-        # (collection/cluster.py).
+        # (indexing/cluster.py).
         self.map_stage = map_stage or local_map
         # False keeps a BM25-only run's map stage in this process (forked_map.py).
         self.fork_map = bool(fork_map)

@@ -77,7 +77,7 @@ MAX_ROWS = 2_000_000              # spreadsheet rows, empty ones included
 MAX_XML_ELEMENTS = 10_000_000     # XML elements read from a package's members
 MAX_MEMBERS = 10_000              # members of a zip package
 MAX_PDF_PAGES = 10_000            # pages of a PDF, counted before any page is read
-# Limits of the child process that extracts PDFs and packages (collection/isolation.py): wall
+# Limits of the child process that extracts PDFs and packages (indexing/isolation.py): wall
 # time, and address space beyond what it holds when it starts (the file's bytes included).
 EXTRACT_SECONDS = 120.0           # at ingest
 SERVE_EXTRACT_SECONDS = 30.0      # re-extraction for a request (fetch_chunk, verify_quote)

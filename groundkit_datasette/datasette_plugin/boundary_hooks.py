@@ -9,8 +9,8 @@ import sqlite3
 
 from datasette import hookimpl
 
-from ..collection.access_lists import connection_is_protected
-from ..collection.schema import APPLICATION_ID
+from ..indexing.access_lists import connection_is_protected
+from ..indexing.schema import APPLICATION_ID
 from ..logs import withhold_exception_locals
 from ..retrieval.permissions import deny_row_reads
 from ..security.boundary import authenticate_scope, authenticator_for, guard

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from ..collection.schema import FileIdentity, is_collection_file
+from ..indexing.schema import FileIdentity, is_collection_file
 from ..surfaces.datasette_compat import CollectionVersion
 
 log = logging.getLogger("groundkit")

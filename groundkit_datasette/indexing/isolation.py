@@ -43,9 +43,9 @@ __all__ = ["Busy", "ChildFailed", "ChildTimeout", "ChildOutOfMemory", "Slots", "
 # ("module:function" also calls the function once, after the import.) The fork server's
 # children all inherit what it did; a worker does the rest on its first calls, as needed (a
 # folder of PDFs never imports python-docx), so it starts in a fraction of the time.
-PRELOAD = ("groundkit_datasette.collection.extract", "pypdf", "pypdfium2", "docx", "pptx",
-           "openpyxl", "groundkit_datasette.collection.extract:warm_up")
-WORKER_PRELOAD = ("groundkit_datasette.collection.extract",)
+PRELOAD = ("groundkit_datasette.indexing.extract", "pypdf", "pypdfium2", "docx", "pptx",
+           "openpyxl", "groundkit_datasette.indexing.extract:warm_up")
+WORKER_PRELOAD = ("groundkit_datasette.indexing.extract",)
 # An answer larger than this is refused (the text budget keeps real ones far below).
 MAX_ANSWER_BYTES = 512 * 1024 * 1024
 # After a kill, how long to wait for the server to report the child reaped.
@@ -216,7 +216,7 @@ class _Server:
                                  "preload": list(PRELOAD)})
             self.process = subprocess.Popen(
                 [sys.executable, "-c",
-                 "import sys; from groundkit_datasette.collection.isolation import _serve; "
+                 "import sys; from groundkit_datasette.indexing.isolation import _serve; "
                  "_serve(sys.argv[1])", config],
                 pass_fds=(theirs.fileno(), alive_r), stdin=subprocess.DEVNULL,
                 start_new_session=True,  # a Ctrl-C of the terminal goes to the caller only
@@ -582,7 +582,7 @@ class _Worker:
                                  "preload": list(WORKER_PRELOAD)})
             self.process = subprocess.Popen(
                 [sys.executable, "-c",
-                 "import sys; from groundkit_datasette.collection.isolation import _work; "
+                 "import sys; from groundkit_datasette.indexing.isolation import _work; "
                  "_work(sys.argv[1])", config],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                 start_new_session=True,

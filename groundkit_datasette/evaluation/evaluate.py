@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from ..errors import InvalidRequest
-from .models import MAX_QUERY_CHARS, SearchRequest
-from ..collection.names import NAME_PATTERN
+from ..retrieval.models import MAX_QUERY_CHARS, SearchRequest
+from ..indexing.names import NAME_PATTERN
 
 MODES = ("bm25", "dense", "hybrid")
 DEFAULT_DEPTH = 100
@@ -245,8 +245,8 @@ def _ranked_chunks(collection, query: str, mode: str, depth: int, vector=None):
     ``top_k`` above 50. BM25 and dense over-fetch chunks (several chunks can
     share a document) so the document list still reaches ``depth``.
     """
-    from . import rankers
-    from .modes import HYBRID_DEPTH, fuse
+    from ..retrieval import rankers
+    from ..retrieval.modes import HYBRID_DEPTH, fuse
 
     chunk_depth = depth * 3
     if mode == "bm25":
@@ -320,7 +320,7 @@ def build_collection(dataset: Dataset, name: str, index_dir: Path, embedder: str
                      source_format: str = "markdown", indexer_options: dict | None = None):
     """Write the sources and ingest them incrementally; an unchanged corpus publishes nothing.
     ``indexer_options`` go to the ``Indexer`` (benchmarks: ``title_header=False``)."""
-    from ..collection.ingest import Indexer
+    from ..indexing.ingest import Indexer
 
     sources = index_dir / f"{name}-sources"
     sync = write_sources(dataset.corpus(), sources, source_format)
@@ -348,7 +348,7 @@ def evaluate(
     indexer_options: dict | None = None,
 ) -> EvalReport:
     """Build (or reuse) the collection for ``dataset_dir`` and score every mode on its judged queries."""
-    from .collection import Collection
+    from ..retrieval.collection import Collection
 
     if not 10 <= depth <= 1000:
         raise InvalidRequest("depth (--top-k) must be between 10 and 1000")
@@ -423,7 +423,7 @@ def run_settings(manifest: dict, depth: int, rerank: bool, reranker) -> dict:
         except (KeyError, TypeError, ValueError):
             return manifest.get(key)
 
-    from .modes import HYBRID_DEPTH, RRF_K
+    from ..retrieval.modes import HYBRID_DEPTH, RRF_K
 
     return {
         "chunker": parsed("chunker"),
@@ -488,7 +488,7 @@ def format_summary(reports: list[EvalReport], errors: dict[str, str] | None = No
 
 
 def _run_mode(col, dataset, judged, mode, rerank, depth, doc_of_chunk, log) -> ModeResult:
-    from .rankers import query_vector as _query_vector
+    from ..retrieval.rankers import query_vector as _query_vector
 
     per_query, latencies, mismatches = [], [], 0
     # One untimed query first: loads the embedder and warms the vector table.

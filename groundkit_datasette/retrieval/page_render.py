@@ -4,7 +4,7 @@ Read-only like every operation (adr/0027): the source is read under the base dir
 the rules a citation's check uses, rendered in memory, and the PNG kept only in a bounded
 in-memory LRU; nothing is written anywhere.
 
-The cited span is a range of the text pypdf extracted at ingest (``collection/extract.py``:
+The cited span is a range of the text pypdf extracted at ingest (``indexing/extract.py``:
 one ``page.extract_text()`` per page, pages joined by ``PDF_PAGE_SEPARATOR``). pdfium has
 its own text of each page, with its own character indices and boxes, so the span is mapped
 from one to the other: whitespace aside, the span's characters are found in pdfium's text
@@ -15,7 +15,7 @@ Nothing is drawn unless pypdf, the same version, extracts the cited text at the 
 again (the test ``fetch_chunk``'s verdict makes): a changed source gets ``SourceChanged``,
 never a highlight over other text.
 
-pdfium runs only in child processes (``collection/isolation.py``), with a memory limit and
+pdfium runs only in child processes (``indexing/isolation.py``), with a memory limit and
 the request's deadline, at which they are killed; the page count is read first, so a document
 over MAX_PAGES is refused before pypdf parses its pages (adr/0052).
 """
@@ -32,9 +32,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from ..collection.extract import (PDF_PAGE_SEPARATOR, Exceeded, ExtractionBusy, Skipped,
+from ..indexing.extract import (PDF_PAGE_SEPARATOR, Exceeded, ExtractionBusy, Skipped,
                                   extract_bytes)
-from ..collection.isolation import ChildFailed, ChildOutOfMemory, ChildTimeout, run_isolated
+from ..indexing.isolation import ChildFailed, ChildOutOfMemory, ChildTimeout, run_isolated
 from ..errors import ChunkNotFound, NoPageImage, PageImageTooLarge, RenderTimeout, SourceChanged
 
 log = logging.getLogger("groundkit")
@@ -229,7 +229,7 @@ def _draw(pixels, rects) -> None:
 #
 # pdfium reads the source file, which anyone who can put a file in the corpus wrote: a page can
 # take minutes (nested soft masks) or gigabytes to draw. So pdfium only ever runs in a child
-# (collection/isolation.py) with an address-space limit and the request's deadline; at the
+# (indexing/isolation.py) with an address-space limit and the request's deadline; at the
 # deadline the child is killed and its slot is free at once (adr/0052).
 
 

@@ -13,7 +13,7 @@ the machine's drift moves all of them (``interleaved``). The same requests are a
 in this process through ``Datasette(...).client``: the server's own cost, with the MCP call
 answered in the request's task and through the SDK's transport (``in_process``).
 
-    python benchmarks/http.py [--requests 400] [--levels 1,8,32] [--mode bm25]
+    python benchmarks/http_overhead.py [--requests 400] [--levels 1,8,32] [--mode bm25]
 """
 
 from __future__ import annotations
@@ -353,8 +353,8 @@ def serialisation(col, mode: str, queries: list[str], passes: int = 5) -> list[l
 
 def build_default(work: Path) -> tuple[Path, str, list[str]]:
     """A BM25-only nfcorpus_approx collection and its query texts."""
-    from groundkit_datasette.retrieval.evaluate import load_dataset, write_sources
-    from groundkit_datasette.collection.ingest import Indexer
+    from groundkit_datasette.evaluation.evaluate import load_dataset, write_sources
+    from groundkit_datasette.indexing.ingest import Indexer
 
     ds = load_dataset(c.irdata("nfcorpus_approx"))
     sources = work / "nfcorpus-sources"
@@ -378,7 +378,7 @@ def main(argv=None):
     work = Path(args.work or tempfile.mkdtemp(prefix="gk-bench-http-"))
     work.mkdir(parents=True, exist_ok=True)
     if args.index_dir:
-        from groundkit_datasette.retrieval.evaluate import load_dataset
+        from groundkit_datasette.evaluation.evaluate import load_dataset
 
         index, name = Path(args.index_dir), args.collection
         ds = load_dataset(c.irdata(args.queries_from))
