@@ -4,10 +4,10 @@ tests/test_ingest_postings.py compares the streamed rebuild with, row for row.""
 
 import numpy as np
 
-from groundkit_datasette.indexing import terms
+from groundkit_datasette.indexing import postings
 
 
-def rebuild_postings(conn, k1=terms.K1, b=terms.B):
+def rebuild_postings(conn, k1=postings.K1, b=postings.B):
     """Every (term, chunk) pair decoded at once, weights computed in one vectorised pass."""
     rows = conn.execute(
         "SELECT t.id, t.length, t.term_ids, t.term_freqs, c.document_id FROM bm25_chunk_terms t "
@@ -37,7 +37,7 @@ def rebuild_postings(conn, k1=terms.K1, b=terms.B):
     else:
         pairs = np.unique(sorted_terms.astype(np.int64) * len(ordinal) + owner_doc)
         df = np.bincount(pairs // len(ordinal), minlength=vocab_size)
-    idf = terms.idf_of(len(ordinal), df)
+    idf = postings.idf_of(len(ordinal), df)
     dl = np.repeat(lengths, per_chunk)
     weights = idf[term_ids] * freqs * (k1 + 1) / (freqs + k1 * (1 - b + b * dl / avgdl))
     owner = np.repeat(chunk_ids, per_chunk)[order].astype(np.int32)
@@ -50,11 +50,11 @@ def rebuild_postings(conn, k1=terms.K1, b=terms.B):
         ((int(t), owner[s:e].tobytes(), weights[s:e].tobytes()) for t, s, e in zip(present, bounds, ends)))
     tie_order = [r[0] for r in conn.execute("SELECT id FROM chunks ORDER BY content_hash, id")]
     conn.execute("INSERT INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, x'')",
-                 (terms.TIE_ORDER_ID, np.asarray(tie_order, dtype=np.int32).tobytes()))
+                 (postings.TIE_ORDER_ID, np.asarray(tie_order, dtype=np.int32).tobytes()))
     documents = np.full(int(chunk_ids[-1]) + 1, -1, dtype=np.int32)
     documents[chunk_ids] = doc_of_chunk
     conn.execute("INSERT INTO bm25_postings(term_id, chunk_ids, weights) VALUES (?, ?, x'')",
-                 (terms.DOCUMENT_MAP_ID, documents.tobytes()))
+                 (postings.DOCUMENT_MAP_ID, documents.tobytes()))
     conn.execute("CREATE TEMP TABLE IF NOT EXISTS _df(term_id INTEGER PRIMARY KEY, n INTEGER)")
     conn.execute("DELETE FROM _df")
     conn.executemany("INSERT INTO _df VALUES (?, ?)", ((int(t), int(df[t])) for t in present))

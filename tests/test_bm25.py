@@ -233,9 +233,9 @@ def test_stored_weights_are_bm25_over_chunks_with_document_idf(tmp_path):
 def test_tokenizer_rules_for_hyphens_apostrophes_numbers_and_single_characters():
     """Kept as measured in adr/0018-bm25-over-chunks.md: hyphens and apostrophes split words, numbers
     and one-character words are terms (vitamin D), our stop words go."""
-    from groundkit_datasette.indexing import terms
+    from groundkit_datasette.indexing import tokenizer
 
-    stem = terms._stemmer.stemWords
+    stem = tokenizer.STEMMER.stemWords
     assert bm25.tokenize("Free-flight tests of Vitamin D, 42 don't fail") == stem(
         ["free", "flight", "tests", "vitamin", "d", "42", "fail"])
     assert bm25.tokenize("The and of") == []

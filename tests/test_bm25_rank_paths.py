@@ -171,14 +171,14 @@ def test_matched_terms_of_a_one_term_ranking_come_from_its_head(corpus):
 def _words_reference(query):
     """query_words as the general loop computes it: every token of the writer's pattern,
     lower-cased, CJK runs as bigrams, stop words left out, each word stemmed alone."""
-    from groundkit_datasette.indexing import terms
+    from groundkit_datasette.indexing import tokenizer
 
     out = []
-    for token in terms._TOKEN.findall(query.lower()):
-        if terms._CJK_CHAR.match(token):
-            out += [(b, b) for b in terms.cjk_bigrams(token)]
-        elif token not in terms.STOP_WORDS:
-            out.append((token, terms._stemmer.stemWord(token)))
+    for token in tokenizer.TOKEN.findall(query.lower()):
+        if tokenizer.CJK_CHAR.match(token):
+            out += [(b, b) for b in tokenizer.cjk_bigrams(token)]
+        elif token not in tokenizer.STOP_WORDS:
+            out.append((token, tokenizer.STEMMER.stemWord(token)))
     return tuple(out)
 
 

@@ -6,7 +6,7 @@ import sqlite3
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette.indexing import terms as bm25
+from groundkit_datasette.indexing import terms, tokenizer
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.indexing.ingest import ingest
 
@@ -36,12 +36,12 @@ def built(tmp_path):
 
 
 def test_runs_of_han_kana_and_hangul_become_overlapping_bigrams():
-    assert bm25.tokenize("東京都") == ["東京", "京都"]
-    assert bm25.tokenize("今日は晴れ") == ["今日", "日は", "は晴", "晴れ"]
-    assert bm25.tokenize("한국어") == ["한국", "국어"]
-    assert bm25.tokenize("字") == ["字"]
+    assert tokenizer.tokenize("東京都") == ["東京", "京都"]
+    assert tokenizer.tokenize("今日は晴れ") == ["今日", "日は", "は晴", "晴れ"]
+    assert tokenizer.tokenize("한국어") == ["한국", "국어"]
+    assert tokenizer.tokenize("字") == ["字"]
     # Latin words next to CJK keep their own rules (stop words, stemming).
-    assert bm25.tokenize("the rivers of 東京") == ["river", "東京"]
+    assert tokenizer.tokenize("the rivers of 東京") == ["river", "東京"]
 
 
 def test_ingest_encodes_cjk_as_the_query_tokenizer_does():
@@ -49,14 +49,14 @@ def test_ingest_encodes_cjk_as_the_query_tokenizer_does():
     from groundkit_datasette.indexing import schema
 
     schema.create_schema(conn)
-    table = bm25.TermTable(conn)
+    table = terms.TermTable(conn)
     text = CHINESE + JAPANESE + KOREAN + ENGLISH
     length, term_ids, _freqs = table.encode(text)
-    assert length == len(bm25.tokenize(text))
+    assert length == len(tokenizer.tokenize(text))
     names = {tid: term for term, tid in table.ids.items()}
     from array import array
 
-    assert {names[t] for t in array("i", term_ids)} == set(bm25.tokenize(text))
+    assert {names[t] for t in array("i", term_ids)} == set(tokenizer.tokenize(text))
 
 
 @pytest.mark.parametrize("word, source", [("东京", None), ("東京", "ja.md"), ("电能", "zh.md"),
@@ -120,5 +120,5 @@ def test_an_older_collection_with_whole_run_terms_is_retokenized(built):
     report = ingest([corpus], collection="cjk", index_dir=index_dir, embedder="none")
     assert report.updated == 4
     with Collection.open("cjk", index_dir=index_dir, base_dir=corpus) as col:
-        assert col.manifest["tokenizer"] == bm25.TOKENIZER
+        assert col.manifest["tokenizer"] == tokenizer.TOKENIZER
         assert [h.source for h in col.search(query="東京", mode="bm25").hits] == ["ja.md"]

@@ -1,6 +1,6 @@
 """What a fresh process does before its first BM25 answer (issue 14, cold start): a search
 flags stale hits without importing the citation verifier (stale.py, apart from
-citations.py), and an ASCII query compiles neither CJK pattern (terms._Pattern). Real
+citations.py), and an ASCII query compiles neither CJK pattern (tokenizer.LazyPattern). Real
 collections, real fresh interpreters; the answers are checked, not only the imports."""
 
 import json
@@ -16,16 +16,16 @@ _CHILD = """
 import json, sys
 sys.path.insert(0, {root!r})
 from groundkit_datasette.retrieval.collection import Collection
-from groundkit_datasette.indexing import terms
+from groundkit_datasette.indexing import tokenizer
 col = Collection.open("cold", index_dir={index!r})
 seen = {{}}
 r = col.search(query={query!r}, mode="bm25", top_k=5)
 seen["hits"] = [(h.source, h.source_changed, h.matched_terms) for h in r.hits]
 seen["citations imported"] = "groundkit_datasette.retrieval.citations" in sys.modules
-seen["patterns compiled"] = ["findall" in vars(p) for p in (terms._TOKEN, terms._CJK_CHAR)]
+seen["patterns compiled"] = ["findall" in vars(p) for p in (tokenizer.TOKEN, tokenizer.CJK_CHAR)]
 later = col.search(query="日本語の文書", mode="bm25", top_k=5)
 seen["cjk hits"] = [h.source for h in later.hits]
-seen["patterns compiled after"] = ["findall" in vars(p) for p in (terms._TOKEN, terms._CJK_CHAR)]
+seen["patterns compiled after"] = ["findall" in vars(p) for p in (tokenizer.TOKEN, tokenizer.CJK_CHAR)]
 print(json.dumps(seen))
 """
 

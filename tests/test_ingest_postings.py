@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks._legacy_postings import rebuild_postings as _reference_rebuild
-from groundkit_datasette.indexing import terms
+from groundkit_datasette.indexing import postings, terms
 from groundkit_datasette.indexing.ingest import Indexer
 from groundkit_datasette.retrieval import bm25
 from groundkit_datasette.retrieval.collection import Collection
@@ -69,13 +69,13 @@ def _recorded_stats(path):
 def test_streamed_rebuild_stores_exactly_what_the_in_memory_one_did(tmp_path, monkeypatch):
     """Built in several term-id ranges, the postings rows are byte for byte the old ones."""
     corpus = _corpus(tmp_path / "corpus")
-    monkeypatch.setattr(terms, "PAIRS_PER_PASS", 500)  # many passes on a small collection
+    monkeypatch.setattr(postings, "PAIRS_PER_PASS", 500)  # many passes on a small collection
     _ingest(corpus, tmp_path / "index")
     path = tmp_path / "index" / "kw.sqlite3"
     reference = _rebuilt_copy(path, tmp_path, _reference_rebuild)
     assert len(reference[0]) > 300
     assert _postings(path) == reference
-    assert _rebuilt_copy(path, tmp_path, terms.rebuild_postings) == reference
+    assert _rebuilt_copy(path, tmp_path, postings.rebuild_postings) == reference
 
 
 def test_streamed_rebuild_matches_when_a_document_s_chunks_are_not_adjacent(tmp_path):
@@ -91,7 +91,7 @@ def test_streamed_rebuild_matches_when_a_document_s_chunks_are_not_adjacent(tmp_
         conn.execute("UPDATE chunks SET id = ? WHERE id = ?", (top + 1, first))
         conn.execute("UPDATE bm25_chunk_terms SET id = ? WHERE id = ?", (top + 1, first))
     conn.close()
-    assert _rebuilt_copy(path, tmp_path, terms.rebuild_postings) == _rebuilt_copy(path, tmp_path, _reference_rebuild)
+    assert _rebuilt_copy(path, tmp_path, postings.rebuild_postings) == _rebuilt_copy(path, tmp_path, _reference_rebuild)
 
 
 def test_rebuild_decodes_at_most_the_budget_of_pairs_at_once(tmp_path, monkeypatch):
@@ -101,17 +101,17 @@ def test_rebuild_decodes_at_most_the_budget_of_pairs_at_once(tmp_path, monkeypat
     path = tmp_path / "index" / "kw.sqlite3"
     total = sum(len(r[1]) // 4 for r in _postings(path)[0] if r[0] >= 0)
     sizes = []
-    original = terms.term_weights
+    original = postings.term_weights
 
     def recording(idf, freqs, *args, **kw):
         sizes.append(np.size(freqs))
         return original(idf, freqs, *args, **kw)
 
-    monkeypatch.setattr(terms, "term_weights", recording)
-    monkeypatch.setattr(terms, "PAIRS_PER_PASS", 1000)
+    monkeypatch.setattr(postings, "term_weights", recording)
+    monkeypatch.setattr(postings, "PAIRS_PER_PASS", 1000)
     conn = sqlite3.connect(path)
     with conn:
-        terms.rebuild_postings(conn)
+        postings.rebuild_postings(conn)
     conn.close()
     assert total > 5000 and len(sizes) > 5
     # A range holds at most the budget, or one term alone.
@@ -132,7 +132,7 @@ def test_an_incremental_run_updates_only_the_touched_terms_and_equals_a_full_reb
     """Same statistics, same rows: the term-by-term update is a full rebuild's result, and the
     terms it never touched keep their rows. With ``LOAD_ALL_TERMS`` 0 the stored terms are
     looked up as met (as in a large collection) and must get the same ids."""
-    monkeypatch.setattr(terms, "STATS_DRIFT", 0.5)  # a small corpus: keep one edit within the bound
+    monkeypatch.setattr(postings, "STATS_DRIFT", 0.5)  # a small corpus: keep one edit within the bound
     monkeypatch.setattr(terms.TermTable, "LOAD_ALL_TERMS", load_all_terms)
     corpus = _corpus(tmp_path / "corpus", n=60)
     _ingest(corpus, tmp_path / "index")
@@ -145,7 +145,7 @@ def test_an_incremental_run_updates_only_the_touched_terms_and_equals_a_full_reb
     assert indexer.postings_rebuilt is False
     assert _recorded_stats(path) == stats  # weighted with the statistics of the last rebuild
     after = _postings(path)
-    assert after == _rebuilt_copy(path, tmp_path, terms.rebuild_postings, stats=stats)
+    assert after == _rebuilt_copy(path, tmp_path, postings.rebuild_postings, stats=stats)
     unchanged = sum(1 for t, i, w in after[0] if before.get(t) == (i, w))
     assert 0 < unchanged < len(after[0])
     # Search answers equal those of the rebuilt file, scores included.
@@ -160,7 +160,7 @@ def test_an_incremental_run_updates_only_the_touched_terms_and_equals_a_full_reb
     (corpus / "doc012.txt").unlink()
     indexer, report = _ingest(corpus, tmp_path / "index")
     assert (report.updated, report.removed, indexer.postings_rebuilt) == (1, 1, False)
-    assert _postings(path) == _rebuilt_copy(path, tmp_path, terms.rebuild_postings, stats=stats)
+    assert _postings(path) == _rebuilt_copy(path, tmp_path, postings.rebuild_postings, stats=stats)
 
 
 def test_drifted_statistics_rebuild_every_posting_and_equal_a_fresh_ingest(tmp_path):

@@ -25,7 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, NamedTuple
 
-from . import forked_map, safe_read, terms as bm25_index
+from . import forked_map, safe_read
+from .postings import keep_postings, settings as bm25_settings, track_removed_terms
+from .terms import TermTable
+from .tokenizer import TOKENIZER, cjk_terms, has_cjk
 from .access_lists import ACLResolver
 from .chunking import chunk_text
 from ..errors import CollectionBusy, EmbedderError, IngestError, InvalidRequest
@@ -809,9 +812,7 @@ class Indexer:
         conn.isolation_level = None
         # The term ids of every chunk row the run deletes (by any path: an update, a removed
         # document, a cascade): the postings of just those terms are rewritten at the end.
-        conn.execute("CREATE TEMP TABLE removed_terms(id INTEGER PRIMARY KEY, term_ids BLOB, length INTEGER)")
-        conn.execute("CREATE TEMP TRIGGER removed_terms AFTER DELETE ON main.bm25_chunk_terms BEGIN "
-                     "INSERT OR REPLACE INTO removed_terms VALUES (old.id, old.term_ids, old.length); END")
+        track_removed_terms(conn)
         return conn
 
     def _bind_embedder(self, conn, manifest: dict):
@@ -905,8 +906,8 @@ class Indexer:
             and not rechunk
             and vectors.start_rows == conn.execute("SELECT count(*) FROM chunks").fetchone()[0])
         acls = ACLResolver(tree)  # also the files' reader (_read_job): one pinned base
-        terms = bm25_index.TermTable(conn)
-        if manifest.get("tokenizer") != bm25_index.TOKENIZER and terms.has_cjk_terms():
+        terms = TermTable(conn)
+        if manifest.get("tokenizer") != TOKENIZER and terms.has_cjk_terms():
             rechunk = True  # CJK text was indexed as whole runs: tokenize it again as bigrams
         self._next_row_id = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM chunks").fetchone()[0]
         first_new_row = self._first_new_row = self._next_row_id
@@ -1024,7 +1025,7 @@ class Indexer:
             # nothing: an empty generation 1 would look like a collection that worked.
             return False, vectors
         # New BM25 settings (k1, b, IDF unit) re-weigh the postings of an unchanged corpus.
-        rescore = manifest.get("bm25") != json.dumps(bm25_index.settings())
+        rescore = manifest.get("bm25") != json.dumps(bm25_settings())
         # Postings are updated term by term unless every weight must change anyway.
         self._rebuild_postings = rechunk or rescore
         if changed or rechunk or rescore or manifest.get("chunker") is None:
@@ -1214,8 +1215,8 @@ class Indexer:
         )
         cjk = []
         for row in rows:
-            if bm25_index.has_cjk(row[10]) or bm25_index.has_cjk(row[11]):
-                cjk.append((row[0], row[1], " ".join(bm25_index.cjk_terms(row[10] + "\n" + row[11]))))
+            if has_cjk(row[10]) or has_cjk(row[11]):
+                cjk.append((row[0], row[1], " ".join(cjk_terms(row[10] + "\n" + row[11]))))
         if cjk:
             conn.executemany("INSERT INTO chunks_cjk(id, chunk_id, bigrams) VALUES (?, ?, ?)", cjk)
         encoded = terms.encode_many([embedding_text(ch.heading, ch.text) for p in batch for ch in p.chunks])
@@ -1230,10 +1231,10 @@ class Indexer:
             "generation": str(generation),
             "chunker": chunker,
             "base_dir": os.path.relpath(base, self.index_dir.resolve()),
-            "bm25": json.dumps(bm25_index.settings()),
+            "bm25": json.dumps(bm25_settings()),
             "ingested_at": datetime.datetime.now(datetime.timezone.utc).isoformat(
                 timespec="seconds"),
-            "tokenizer": bm25_index.TOKENIZER,
+            "tokenizer": TOKENIZER,
         }
         if report is not None:
             values["ingest_report"] = ingest_summary(report)
@@ -1288,33 +1289,8 @@ class Indexer:
         self._mark("commit")
 
     def _keep_postings(self, conn) -> None:
-        """Rewrite the postings of the terms this run's chunk rows touched, or all of them when
-        the settings changed, the statistics drifted or the file has none recorded
-        (adr/0030-postings-and-index-upkeep.md)."""
-        manifest = read_manifest(conn)
-        recorded = manifest.get("bm25_stats")
-        used = None
-        # The token count of every chunk row (for avgdl), kept in the manifest so that a run
-        # need not read every row: the recorded one, less the rows deleted, plus those added.
-        totals = {}
-        if recorded and not getattr(self, "_rebuild_postings", True):
-            removed = dict(conn.execute("SELECT id, term_ids FROM temp.removed_terms"))
-            if manifest.get("bm25_length"):
-                totals["length"] = (
-                    int(manifest["bm25_length"])
-                    - conn.execute("SELECT coalesce(sum(length), 0) FROM temp.removed_terms").fetchone()[0]
-                    + conn.execute("SELECT coalesce(sum(length), 0) FROM bm25_chunk_terms WHERE id >= ?",
-                                   (self._first_new_row,)).fetchone()[0])
-            used = bm25_index.update_postings(conn, removed, self._first_new_row, json.loads(recorded),
-                                              totals=totals)
-        self.postings_rebuilt = used is None
-        if used is None:
-            totals = {}
-            used = bm25_index.rebuild_postings(conn, totals=totals)
-        conn.executemany(
-            "INSERT INTO groundkit_manifest(key, value) VALUES (?, ?) "
-            "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-            [("bm25_stats", json.dumps(used)), ("bm25_length", str(totals.get("length", "")))])
+        self.postings_rebuilt = keep_postings(conn, self._first_new_row,
+                                              getattr(self, "_rebuild_postings", True))
 
     def _publish(self, work: Path) -> None:
         with open(work, "rb") as f:

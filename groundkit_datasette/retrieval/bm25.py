@@ -1,21 +1,22 @@
 """BM25 scoring over the postings ingest stored (``indexing/terms.py``, adr/0003):
 a query is a handful of indexed blob reads and a vector sum. A reader from whom access lists
-hide documents ranks over its own view of them (:class:`ReaderView`, adr/0051): postings of
+hide documents ranks over its own view of them (``views.ReaderView``, adr/0051): postings of
 the chunks it may read, weighted with the statistics of those chunks alone.
 """
 
 import sqlite3
-from collections import Counter, OrderedDict
+from collections import Counter
 from functools import lru_cache
 from itertools import compress
 
 import numpy as np
 
-from ..indexing.terms import (  # noqa: F401  (the reading side uses the writer's rules)
-    B, DOCUMENT_MAP_ID, IDF_UNIT, K1, STOP_WORDS, TIE_ORDER_ID, TermTable, idf_of,
-    rebuild_postings, settings, term_weights, tokenize,
+from ..indexing.postings import (  # noqa: F401  (the reading side uses the writer's rules)
+    B, DOCUMENT_MAP_ID, IDF_UNIT, K1, TIE_ORDER_ID, idf_of, rebuild_postings, settings, term_weights,
 )
-from ..indexing.terms import _CJK_CHAR, _stemmer, cjk_bigrams, words as _words
+from ..indexing.terms import TermTable  # noqa: F401
+from ..indexing.tokenizer import STOP_WORDS, cjk_bigrams, tokenize, words as _words  # noqa: F401
+from ..indexing.tokenizer import CJK_CHAR as _CJK_CHAR, STEMMER as _stemmer
 
 # Postings kept in memory per open collection (one published version, so never stale).
 POSTINGS_CACHE_TERMS = 50_000
@@ -29,7 +30,7 @@ def _documents_of(ids: np.ndarray, documents: np.ndarray) -> np.ndarray:
 def without_hidden(postings, hidden: np.ndarray, total: int, documents: np.ndarray | None = None):
     """Re-weight each term's postings' IDF as if the ``hidden`` chunk rows were not there.
 
-    Only for a file written before the document map (:class:`ReaderView` needs it), until
+    Only for a file written before the document map (a reader's view needs it), until
     its next ingest: the average chunk length stays the whole collection's, and the
     re-weighting is a float32 product, not the weights a collection of the readable
     chunks alone would store. ``documents`` counts in documents, as the stored weights
@@ -58,18 +59,58 @@ def without_hidden(postings, hidden: np.ndarray, total: int, documents: np.ndarr
     return out
 
 
-def document_map(conn: sqlite3.Connection, cache: dict | None = None) -> np.ndarray | None:
-    """``documents[chunk row id]`` = document ordinal, or None for a file without the map."""
-    key = ("document map",)  # never a term: terms are strings
-    if cache is not None and key in cache:
-        return cache[key]
+def document_map(conn: sqlite3.Connection, cache: "TermCache | None" = None) -> np.ndarray | None:
+    """``documents[chunk row id]`` = document ordinal, or None for a file without the map;
+    kept on the open version's :class:`PostingsCache` (a view's is its base's)."""
+    if cache is not None:
+        cache = cache.base  # a reader's view shares its version's
+    if cache is not None and cache.document_map is not _UNREAD:
+        return cache.document_map
     row = conn.execute(
         "SELECT chunk_ids FROM bm25_postings WHERE term_id = ?", (DOCUMENT_MAP_ID,)
     ).fetchone()
     documents = None if row is None else np.frombuffer(row[0], dtype=np.int32)
     if cache is not None:
-        cache[key] = documents
+        cache.document_map = documents
     return documents
+
+
+_UNREAD = object()  # the document map not read yet (None: the file has none)
+
+
+class TermCache(dict):
+    """Term -> :class:`Postings` (None: not in the collection), kept for one published
+    version; only terms are keys. ``held``: the last one-term ranking served from a term's
+    head, ``(query, mask, [row id])``: every one of those rows holds the query terms of
+    ``mask`` (bit j: term j of the query's sorted terms), so :func:`matched_terms` answers
+    them without asking the terms again. A fact about the version, true whichever reader
+    ranked; a later ranking replaces it."""
+
+    TERMS = 0  # terms kept (more: all but the asking query's are dropped)
+
+    def __init__(self):
+        super().__init__()
+        self.held = None
+        self.base = self  # the stored postings a view derives its own from (itself here)
+
+    def derive(self, conn: sqlite3.Connection, terms: list[str]) -> dict:
+        """``{term: Postings or None}`` of ``terms`` not kept yet."""
+        raise NotImplementedError
+
+
+class PostingsCache(TermCache):
+    """The open version's stored postings (:class:`TermCache`), with what its rankings share:
+    the accumulator buffers (:func:`_buffers`) and the document map (:func:`document_map`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.accumulator = None  # (float32 sums, bool mask), zeroed after each use
+        self.document_map = _UNREAD
+
+    TERMS = POSTINGS_CACHE_TERMS
+
+    def derive(self, conn, terms):
+        return _fetch(conn, terms)
 
 
 def tie_ranks(conn: sqlite3.Connection) -> np.ndarray | None:
@@ -92,7 +133,7 @@ class Postings:
     chunks in rank order (:meth:`head`). Unpacks as ``ids, weights``."""
 
     __slots__ = ("ids", "weights", "last", "_top", "_rows", "_head", "_set", "_bits", "_bound",
-                 "_tf")
+                 "tf")
     # How many of a term's largest weights are kept (sorted) for :meth:`kth`, and at least how
     # many of its chunks :meth:`head` keeps in rank order.
     TOP_KEPT = 128
@@ -107,7 +148,7 @@ class Postings:
         self._set = None
         self._bits = None
         self._bound = None
-        self._tf = None  # term frequencies (float64), derived by VersionStats.tf
+        self.tf = None  # term frequencies (float64), derived by views.VersionStats.tf
 
     def __iter__(self):
         return iter((self.ids, self.weights))
@@ -200,7 +241,7 @@ def _fetch(conn: sqlite3.Connection, terms: list[str]) -> dict:
     return found
 
 
-def _query_postings(conn, query: str, cache: dict | None):
+def _query_postings(conn, query: str, cache: "TermCache | None"):
     """The query's terms that occur, as ``(postings, repeats)`` in sorted term order (the
     order their weights are summed in: every scorer here adds them in this order)."""
     terms, counts = query_terms(query)
@@ -238,19 +279,19 @@ def _plan(query: str):
 _ABSENT = object()  # not in the postings cache (None there: not in the collection)
 
 
-def _lookup(conn, terms: tuple, cache: dict | None) -> list:
+def _lookup(conn, terms: tuple, cache: "TermCache | None") -> list:
     """``Postings`` (or None: not in the collection) of each of ``terms``, in order, through
-    the open collection's postings cache (see :func:`_postings_of`)."""
+    the open collection's postings cache (see :func:`postings_of`)."""
     if cache is not None:
         get = cache.get
         found = [get(t, _ABSENT) for t in terms]
         if _ABSENT not in found:
             return found
-    resolved = _postings_of(conn, list(terms), cache)
+    resolved = postings_of(conn, list(terms), cache)
     return [resolved[t] for t in terms]
 
 
-def _present(conn, terms: tuple, counts: tuple | None, cache: dict | None):
+def _present(conn, terms: tuple, counts: tuple | None, cache: "TermCache | None"):
     """``(postings, repeats)`` of the ``terms`` the collection holds, in the order given;
     ``repeats`` is None when ``counts`` is (every term once)."""
     found = _lookup(conn, terms, cache)
@@ -260,11 +301,11 @@ def _present(conn, terms: tuple, counts: tuple | None, cache: dict | None):
     return [p for p, _ in kept], [n for _, n in kept]
 
 
-def score(conn: sqlite3.Connection, query: str, cache: dict | None = None,
+def score(conn: sqlite3.Connection, query: str, cache: "TermCache | None" = None,
           hidden: np.ndarray | None = None, total: int | None = None):
     """Return ``(chunk row ids, scores)`` of every chunk matching any query term.
 
-    ``cache`` may be a reader's :class:`ReaderView` (its chunks, its statistics). ``hidden``
+    ``cache`` may be a reader's ``views.ReaderView`` (its chunks, its statistics). ``hidden``
     (sorted chunk row ids a reader may not see) and ``total`` (chunks in the collection)
     are the legacy re-weighting of :func:`without_hidden`, for files without a document map.
     """
@@ -305,7 +346,7 @@ ADD_ONCE_MAX_POSTINGS = 65_536
 ESSENTIAL_FRACTION = 1 / 32
 
 
-def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: dict | None = None):
+def top_candidates(conn: sqlite3.Connection, query: str, depth: int, cache: "TermCache | None" = None):
     """``(chunk row ids, scores)`` of the chunks that can be in the top ``depth``: every chunk
     whose score reaches the ``depth``-th best, so ties there are all kept, and scores exactly
     as :func:`score` computes them. For a search with nothing hidden (no IDF to redo).
@@ -356,7 +397,7 @@ def _candidates(postings, repeats, depth, cache):
         raise
 
 
-def top_rows(conn: sqlite3.Connection, query: str, depth: int, cache: dict | None,
+def top_rows(conn: sqlite3.Connection, query: str, depth: int, cache: "TermCache | None",
              ranks: np.ndarray) -> tuple[list[int], list[float]]:
     """The top ``depth`` as ``([chunk row id], [score])`` in rank order: score descending,
     then ``ranks`` (the collection's tie order, :func:`tie_ranks`). For a search with nothing
@@ -376,19 +417,11 @@ def top_rows(conn: sqlite3.Connection, query: str, depth: int, cache: dict | Non
         ids, scores = postings[0].head(ranks)
         ids = ids[:depth].tolist()
         if cache is not None:  # every chunk of the term's head holds the term
-            cache[HELD] = (query, 1 << found.index(postings[0]), ids)
+            cache.held = (query, 1 << found.index(postings[0]), ids)
         return ids, scores[:depth].tolist()
     repeats = None if counts is None else [n for p, n in zip(found, counts) if p is not None]
     ids, scores = _candidates(postings, repeats, depth, cache)
     return in_rank_order(ids, scores, depth, ranks)
-
-
-# The postings cache's entry for the last one-term ranking served from a term's head:
-# ``(query, mask, [row id])``, every one of those rows holding the query terms of ``mask``
-# (bit j: term j of the query's sorted terms), so :func:`matched_terms` answers them
-# without asking the term again. A fact about the collection, true whichever reader
-# ranked; a later ranking replaces it.
-HELD = ("held",)  # never a term: terms are strings
 
 
 SORT_ALL = 256
@@ -488,17 +521,17 @@ def _distinct(ids: np.ndarray) -> np.ndarray:
     return ids
 
 
-def _buffers(cache: dict | None, size: int):
-    """A zeroed float accumulator and a boolean mask of at least ``size`` slots, kept with
-    the postings (callers hold the collection's lock) and left zeroed after each use."""
-    key = ("accumulator",)  # never a term: terms are strings
-    if type(cache) is ReaderView:  # one accumulator per open collection, views included
-        cache = cache.base
-    found = cache.get(key) if cache is not None else None
+def _buffers(cache: "TermCache | None", size: int):
+    """A zeroed float accumulator and a boolean mask of at least ``size`` slots, kept on the
+    open version's :class:`PostingsCache` (callers hold the collection's lock; one for its
+    views too) and left zeroed after each use."""
+    if cache is not None:
+        cache = cache.base  # one per open collection, its views included
+    found = cache.accumulator if cache is not None else None
     if found is None or found[0].size < size:
         found = (np.zeros(size, dtype=np.float32), np.zeros(size, dtype=bool))
         if cache is not None:
-            cache[key] = found
+            cache.accumulator = found
     return found
 
 
@@ -524,16 +557,15 @@ def query_words(query: str) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def _postings_of(conn: sqlite3.Connection, terms: list[str], cache: dict | None) -> dict:
+def postings_of(conn: sqlite3.Connection, terms: list[str], cache: "TermCache | None") -> dict:
     """``{term: Postings or None}``, through the open collection's postings cache (kept to
     ``POSTINGS_CACHE_TERMS``)."""
     if cache is None:
         return _fetch(conn, terms)
     missing = [t for t in terms if t not in cache]
     if missing:
-        viewed = type(cache) is ReaderView
-        found = cache.derive(conn, missing) if viewed else _fetch(conn, missing)
-        if len(cache) > (ReaderView.TERMS if viewed else POSTINGS_CACHE_TERMS):
+        found = cache.derive(conn, missing)
+        if len(cache) > cache.TERMS:
             kept = {t: cache[t] for t in terms if t in cache}
             cache.clear()
             cache.update(kept)
@@ -541,7 +573,7 @@ def _postings_of(conn: sqlite3.Connection, terms: list[str], cache: dict | None)
     return {t: cache[t] for t in terms}
 
 
-def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | None = None):
+def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: "TermCache | None" = None):
     """For each chunk row id, the words of ``query`` (lower-cased, as typed, each once, in
     query order) whose term the chunk's indexed text holds: what BM25 matches there, for a
     hit of any mode.
@@ -553,8 +585,8 @@ def matched_terms(conn: sqlite3.Connection, query: str, row_ids, cache: dict | N
     rows = row_ids.tolist() if isinstance(row_ids, np.ndarray) else list(row_ids)
     if not terms or not rows:
         return [[] for _ in rows]
-    held = cache.get(HELD) if cache is not None else None
-    if held is not None and held[0] == query:  # rows of the search's own ranking (HELD)
+    held = cache.held if cache is not None else None
+    if held is not None and held[0] == query:  # rows of the search's own ranking (held)
         kept = held[2]
         if rows == kept[:len(rows)] or set(rows).issubset(kept):
             mask = held[1]
@@ -589,212 +621,9 @@ def clear_query_caches() -> None:
 query_terms.cache_clear = _match_plan.cache_clear = clear_query_caches
 
 
-def term_rows(conn: sqlite3.Connection, query: str, cache: dict | None = None) -> list[np.ndarray]:
+def term_rows(conn: sqlite3.Connection, query: str, cache: "TermCache | None" = None) -> list[np.ndarray]:
     """The chunk row ids holding each of ``query``'s terms (empty list: no term is indexed)."""
     terms = sorted({t for _, t in query_words(query)})
     if not terms:
         return []
-    return [found.ids for found in _postings_of(conn, terms, cache).values() if found is not None]
-
-
-# -- one reader's view: its chunks and their statistics (adr/0051) ---------------------
-
-
-def _distinct_count(values: np.ndarray) -> int:
-    """How many distinct values ``values`` holds (a term's documents: ascending, as ingest
-    writes a document's chunks together, unless the file was edited by hand)."""
-    if values.size < 2:
-        return int(values.size)
-    step = values[1:] != values[:-1]
-    if (values[1:] >= values[:-1]).all():
-        return int(np.count_nonzero(step)) + 1
-    return int(np.unique(values).size)
-
-
-class VersionStats:
-    """What per-reader BM25 needs of one published version, read once (on the first search
-    by a reader with a view, under the collection's lock): the document map, each chunk
-    row's token count, and the statistics the stored weights were computed with (the
-    manifest's ``bm25_stats``), from which a term's frequency in each chunk is solved."""
-
-    def __init__(self, stored: dict | None):
-        self.stored = stored
-        self.documents = None  # documents[row id] = ordinal, -1: no chunk row
-        self.lengths = None  # lengths[row id] = token count
-
-    def load(self, conn: sqlite3.Connection, cache: dict | None) -> "VersionStats | None":
-        """Self, read; None for a file without a document map (no view can be exact)."""
-        if self.lengths is None:
-            documents = document_map(conn, cache)
-            if documents is None:
-                return None
-            cur = conn.execute("SELECT id, length FROM bm25_chunk_terms")
-            pairs = np.fromiter((v for row in cur for v in row), dtype=np.int64).reshape(-1, 2)
-            size = max(documents.size, int(pairs[:, 0].max()) + 1 if pairs.size else 0)
-            lengths = np.zeros(size, dtype=np.int64)
-            lengths[pairs[:, 0]] = pairs[:, 1]
-            if documents.size < size:
-                documents = np.concatenate([documents, np.full(size - documents.size, -1, np.int32)])
-            self.documents, self.lengths = documents, lengths
-        return self
-
-    def own(self) -> dict:
-        """The statistics of every chunk row, as ingest computes them (``_Chunks.stats``)."""
-        rows = np.flatnonzero(self.documents >= 0)
-        return _stats_of(self.documents, self.lengths, rows)
-
-    def tf(self, conn: sqlite3.Connection, term: str, p: Postings) -> np.ndarray:
-        """Term ``term``'s frequency in each chunk of its postings ``p`` (float64), kept on
-        ``p`` (one published version's postings)."""
-        tf = p._tf
-        if tf is None:
-            tf = p._tf = self._solve_tf(conn, term, p)
-        return tf
-
-    def _solve_tf(self, conn, term: str, p: Postings) -> np.ndarray:
-        # The stored weight is term_weights(idf, tf, ...) with the recorded statistics and the
-        # term's document frequency: solved for tf and kept where tf, and neither of its
-        # neighbours, gives the stored weight back (the weight rises with tf, so then no other
-        # tf does); the rest is read from the chunk term rows.
-        ids, weights = p.ids, p.weights
-        tf = np.ones(ids.size)
-        ok = np.zeros(ids.size, dtype=bool)
-        stored = self.stored
-        if stored and stored.get("documents") and stored.get("avgdl"):
-            n, avgdl = int(stored["documents"]), float(stored["avgdl"])
-            idf = idf_of(n, np.array([_distinct_count(self.documents[ids])], dtype=np.int64))
-            dl = self.lengths[ids].astype(np.float64)
-            w = weights.astype(np.float64)
-            norm = K1 * (1 - B + B * dl / avgdl)
-            with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-                solved = np.rint(w * norm / (idf * (K1 + 1) - w))
-            tf = np.where(np.isfinite(solved) & (solved >= 1) & (solved < 2**31), solved, 1.0)
-            ok = ((term_weights(idf, tf, dl, avgdl) == weights)
-                  & (term_weights(idf, tf + 1, dl, avgdl) != weights)
-                  & (term_weights(idf, tf - 1, dl, avgdl) != weights))
-        if not ok.all():
-            tf[~ok] = _stored_tf(conn, term, ids[~ok])
-        return tf
-
-
-def _stats_of(documents: np.ndarray, lengths: np.ndarray, rows: np.ndarray) -> dict:
-    """``{"documents", "avgdl"}`` of the chunk rows ``rows``: the distinct documents and the
-    mean token count (integers summed exactly, divided once: the value numpy's mean of the
-    same lengths gives, so bit for bit what ingest records for those chunks alone)."""
-    if not rows.size:
-        return {"documents": 0, "avgdl": 1.0}
-    total = int(lengths[rows].sum())
-    return {"documents": int(np.unique(documents[rows]).size),
-            "avgdl": float(max(total / rows.size, 1e-9))}
-
-
-def _stored_tf(conn: sqlite3.Connection, term: str, ids: np.ndarray) -> np.ndarray:
-    """``term``'s frequency in each chunk row ``ids``, read from the chunk term rows."""
-    row = conn.execute("SELECT term_id FROM bm25_vocab WHERE term = ?", (term,)).fetchone()
-    found = {}
-    if row is not None:
-        term_id = row[0]
-        for g in range(0, ids.size, 900):
-            part = ids[g:g + 900].tolist()
-            for rid, tids, freqs in conn.execute(
-                    "SELECT id, term_ids, term_freqs FROM bm25_chunk_terms WHERE id IN "
-                    f"({','.join('?' * len(part))})", part):
-                at = np.flatnonzero(np.frombuffer(tids, dtype=np.int32) == term_id)
-                if at.size:
-                    found[rid] = float(np.frombuffer(freqs, dtype=np.int32)[at[0]])
-    return np.array([found.get(i, 1.0) for i in ids.tolist()], dtype=np.float64)
-
-
-class ReaderView(dict):
-    """One reader's BM25 over one published version: a dict like the collection's postings
-    cache (term -> :class:`Postings` or None), so every ranking path runs on it unchanged.
-
-    A term's postings here hold only the chunks the reader may read, weighted by the stored
-    formula (``term_weights``) with the statistics of those chunks alone: their documents,
-    the term's documents among them, their mean length. The weights are bit for bit what
-    ingest would store for a collection of only those documents, so nothing a reader is
-    shown (scores, ranks, the top-k cut, ties) depends on the chunks it may not read.
-    Derived per term on first use and kept with the view (one per published version and
-    set of hidden documents, see ``rankers.reader_view``)."""
-
-    TERMS = 10_000  # terms kept per view (its postings are at most the collection's)
-
-    def __init__(self, version: VersionStats, base: dict, hidden_rows: np.ndarray):
-        super().__init__()
-        self.version = version
-        self.base = base  # the collection's postings cache: the stored postings
-        self.hidden_rows = hidden_rows
-        self.visible = None
-        self.stats = None
-
-    def prepare(self, conn: sqlite3.Connection) -> "ReaderView | None":
-        """Self, with the reader's statistics; None for a file without a document map."""
-        if self.visible is None:
-            version = self.version.load(conn, self.base)
-            if version is None:
-                return None
-            visible = version.documents >= 0
-            hidden = self.hidden_rows
-            visible[hidden[hidden < visible.size]] = False
-            self.stats = _stats_of(version.documents, version.lengths, np.flatnonzero(visible))
-            self.visible = visible
-        return self
-
-    def derive(self, conn: sqlite3.Connection, terms: list[str]) -> dict:
-        """``{term: Postings or None}``: the reader's postings of ``terms``."""
-        self.prepare(conn)
-        stored = _postings_of(conn, terms, self.base)
-        return {t: None if p is None else self._restricted(conn, t, p) for t, p in stored.items()}
-
-    def _restricted(self, conn, term: str, p: Postings) -> Postings | None:
-        version = self.version
-        keep = self.visible[p.ids]
-        every = bool(keep.all())
-        ids = p.ids if every else p.ids[keep]
-        if not ids.size:
-            return None
-        tf = version.tf(conn, term, p)
-        if not every:
-            tf = tf[keep]
-        n, avgdl = self.stats["documents"], self.stats["avgdl"]
-        # As ingest computes them: IDF from an int64 array of document counts, then the
-        # weights from float64 frequencies and lengths (the same elementwise operations).
-        idf = idf_of(n, np.array([_distinct_count(version.documents[ids])], dtype=np.int64))
-        weights = term_weights(idf, tf, version.lengths[ids].astype(np.float64), avgdl)
-        return Postings(ids, weights)
-
-
-class ReaderViews:
-    """The open collection's reader views, most recently used last, and the one its
-    unrestricted readers need when the stored weights are not its own statistics."""
-
-    KEPT = 16
-
-    def __init__(self, stored: dict | None):
-        self.version = VersionStats(stored)
-        self.views: OrderedDict = OrderedDict()
-
-    def get(self, key, base: dict, hidden_rows) -> ReaderView:
-        """The view for ``key`` (the hidden documents), made with ``hidden_rows()``
-        (sorted chunk row ids) when not kept. Call under the collection's lock."""
-        view = self.views.get(key)
-        if view is None:
-            view = self.views[key] = ReaderView(self.version, base, hidden_rows())
-            if len(self.views) > self.KEPT:
-                self.views.popitem(last=False)
-        else:
-            self.views.move_to_end(key)
-        return view
-
-    def stale(self, conn: sqlite3.Connection, base: dict) -> bool:
-        """Whether the stored weights were computed with other statistics than the
-        version's own (an incremental ingest keeps them while they stay within
-        ``STATS_DRIFT``, adr/0030): then a reader who may read everything ranks on a view
-        too, so its figures are those of a view hiding nothing."""
-        version = self.version.load(conn, base)
-        if version is None:
-            return False
-        stored = version.stored or {}
-        own = version.own()
-        return (stored.get("documents") != own["documents"]
-                or float(stored.get("avgdl") or 0) != own["avgdl"])
+    return [found.ids for found in postings_of(conn, terms, cache).values() if found is not None]
