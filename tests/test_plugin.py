@@ -1,5 +1,6 @@
 import json
 import logging
+import re
 from collections import Counter
 import sys
 from pathlib import Path
@@ -671,3 +672,13 @@ async def test_handled_exceptions_never_print_their_locals(ds, capfd):
     assert response.status_code == 404
     out, err = capfd.readouterr()
     assert "s3cret-token-value" not in out + err and "zeppelin" not in out + err
+
+
+async def test_pages_link_the_plugins_own_stylesheet_and_script(ds):
+    # The static directory moved with the package (datasette_plugin/static); a page whose
+    # static files are not found renders without them, silently.
+    page = await ds.client.get("/energy/-/groundkit/search?q=sun")
+    assert page.status_code == 200
+    css = re.search(r'href="([^"]*/groundkit\.css)"', page.text)
+    assert css and re.search(r'src="[^"]*/groundkit\.js"', page.text)
+    assert (await ds.client.get(css.group(1))).status_code == 200

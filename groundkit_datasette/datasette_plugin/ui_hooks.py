@@ -12,23 +12,21 @@ import urllib.parse
 from datasette import hookimpl
 from markupsafe import Markup, escape
 
-from ..retrieval.models import CHUNK_ID_PATTERN
 from ..indexing.names import NAME_PATTERN
+from ..retrieval.models import CHUNK_ID_PATTERN
+from ..surfaces.service import registry_for
+from ..surfaces.tools import all_tools
 
 _CHUNK_ID = re.compile(CHUNK_ID_PATTERN)
 
 
 def _is_collection(datasette, database: str) -> bool:
-    from . import registry_for
-
     if not isinstance(database, str) or not NAME_PATTERN.fullmatch(database):
         return False
     return registry_for(datasette).database_path(database) is not None
 
 
 def _path(datasette, html_route_tool: str, **params) -> str:
-    from ..surfaces.tools import all_tools
-
     tool = next(t for t in all_tools() if t.name == html_route_tool)
     return datasette.urls.path(tool.path_for_html(**params))
 

@@ -16,6 +16,7 @@ import time
 from datasette.utils.asgi import Response
 
 from .service import BUSY_RETRY_AFTER, RequestRejected, ToolContext, log_call, map_exception
+from .static_files import static_url
 
 ASSET_NAME = "fetch_chunk_page_image"  # its name in the access log
 log = logging.getLogger("groundkit")
@@ -27,19 +28,17 @@ def _wants_html(request) -> bool:
     return "text/html" in accept and not accept.startswith("image/")
 
 
-async def _error_response(datasette, request, ctx, error):
+async def _error_response(datasette, request, ctx, tool, error):
     headers = {"X-Request-ID": ctx.request_id, "Cache-Control": "no-store"}
     if error.status == 503:
         headers["Retry-After"] = str(BUSY_RETRY_AFTER)
     if _wants_html(request):
-        from .pages import _static_url, _tool_named
-
         html = await datasette.render_template(["groundkit_page_image_error.html"], {
             "error": error, "request_id": ctx.request_id,
             "collection": request.url_vars.get("collection"),
-            "groundkit_css": _static_url(datasette, "groundkit.css"),
-            "groundkit_js": _static_url(datasette, "groundkit.js"),
-            "chunk_url": datasette.urls.path(_tool_named("fetch_chunk").path_for_html(
+            "groundkit_css": static_url(datasette, "groundkit.css"),
+            "groundkit_js": static_url(datasette, "groundkit.js"),
+            "chunk_url": datasette.urls.path(tool.path_for_html(
                 collection=request.url_vars["collection"],
                 chunk_id=request.url_vars["chunk_id"])) if error.status != 400 else None,
         }, request=request)
@@ -83,7 +82,7 @@ def page_image_view(tool):
             if error.status == 500:  # a defect: server log only (pdfium failing is a 404)
                 log.error("request %s: page image failed", ctx.request_id, exc_info=exc)
             log_call(ctx, ASSET_NAME, error.status, started)
-            return await _error_response(datasette, request, ctx, error)
+            return await _error_response(datasette, request, ctx, tool, error)
         log_call(ctx, ASSET_NAME, 200, started, 1)
         return Response(image.png, status=200, content_type="image/png", headers={
             "X-Request-ID": ctx.request_id,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from pathlib import Path
 
 from datasette.utils import tilde_encode
 from datasette.utils.asgi import Response
@@ -18,6 +17,7 @@ from markupsafe import Markup, escape
 from ..retrieval.bm25 import STOP_WORDS, tokenize
 from . import serialize
 from .service import ToolContext, call_tool
+from .static_files import static_url
 from .tools import BUILTIN_TOOLS, Tool, all_tools
 
 _FORM_FIELDS = {"q": "query", "mode": "mode", "top_k": "top_k", "rerank": "rerank",
@@ -25,7 +25,6 @@ _FORM_FIELDS = {"q": "query", "mode": "mode", "top_k": "top_k", "rerank": "reran
                 "min_score": "min_score"}
 _FORM_FLAGS = ("rerank", "group_by_document")
 SNIPPET_CHARS = 360
-_STATIC_DIR = Path(__file__).parent.parent / "plugin" / "static"
 NO_RERANKER = "no reranker is configured on this server"
 CONTEXT_CHARS = 400  # verify_citation's default context on each side
 
@@ -80,22 +79,6 @@ def _tool_named(name: str) -> Tool:
 async def _status(ctx: ToolContext, collection: str):
     """``index_status`` through the table, so a page never reads a collection another way."""
     return await call_tool(_tool_named("index_status"), ctx, collection, {})
-
-
-def _static_url(datasette, filename: str) -> str | None:
-    """URL of one of our static files; the mount name depends on how the plugin was loaded."""
-    name = getattr(datasette, "_groundkit_static_name", False)
-    if name is False:
-        from datasette.plugins import get_plugins
-
-        name = None
-        for plugin in get_plugins():
-            path = plugin.get("static_path")
-            if path and Path(path).resolve() == _STATIC_DIR.resolve():
-                name = plugin["name"]
-                break
-        datasette._groundkit_static_name = name
-    return datasette.urls.static_plugins(name, filename) if name else None
 
 
 # -- highlighting -----------------------------------------------------------------
@@ -528,8 +511,8 @@ def html_view(tool: Tool):
             "submitted": submitted,
             "reranker_configured": registry.reranker_configured,
             "status": status,
-            "groundkit_css": _static_url(datasette, "groundkit.css"),
-            "groundkit_js": _static_url(datasette, "groundkit.js"),
+            "groundkit_css": static_url(datasette, "groundkit.css"),
+            "groundkit_js": static_url(datasette, "groundkit.js"),
             "collections_url": datasette.urls.path(
                 _tool_named("list_collections").path_for_html()),
             **extra,
