@@ -7,7 +7,7 @@ of the public search call (``vector=`` given), of the raw LanceDB ranking, and
 of exact numpy search (matrix-vector product + argpartition) over the same
 vectors; recall@10 of ours against exact; whether an ANN index was used.
 
-Ours is the product path: the collection's index file (indexing/vectors.py
+Ours is the product path: the collection's index file (indexing/vector_index.py
 ``IndexSearch``: flat up to 50k vectors, above it the HNSW graph with an exact
 re-rank of its shortlist, adr/0033), or without the file LanceDB (``VectorSearch``).
 "ANN forced" is LanceDB's IVF_HNSW_SQ at any size; the notes add the inverted
@@ -64,7 +64,7 @@ def run_size(work: Path, size: int, nq: int, repeats: int) -> list:
 def run_collection(index: Path, name: str, nq: int, repeats: int, built: str, real: bool = False) -> list:
     import numpy as np
 
-    from groundkit_datasette.indexing.vectors import VectorSearch
+    from groundkit_datasette.indexing.vector_search import VectorSearch
 
     if not real:
         syn.register()
@@ -93,7 +93,7 @@ def run_collection(index: Path, name: str, nq: int, repeats: int, built: str, re
     forced = VectorSearch(table, ann=bool(col.manifest.get("ann_index")), exact_max_rows=0)
     ivf = None
     if type(search).__name__ == "IndexSearch" and getattr(search, "ivf", False):
-        from groundkit_datasette.indexing.vectors import IndexSearch
+        from groundkit_datasette.indexing.vector_index import IndexSearch
 
         # The inverted file alone, at its default probes (the product path before the graph).
         ivf = IndexSearch(col.lance_path, col.manifest["vector_index"], int(col.manifest["lance_version"]),
@@ -181,7 +181,7 @@ def run_real_vectors(vectors_path: str, queries_path: str, ids_path: str, sqlite
 
     import numpy as np
 
-    from groundkit_datasette.indexing import vectors as v
+    from groundkit_datasette.indexing import vector_index as v
 
     dims = 384
     total = os.path.getsize(vectors_path) // (dims * 4)

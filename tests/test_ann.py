@@ -23,9 +23,9 @@ def clustered():
 
 
 def test_ann_index_is_used_past_the_threshold_with_recall_over_095(tmp_path, clustered, monkeypatch):
-    from groundkit_datasette.indexing import vectors
+    from groundkit_datasette.indexing import vector_search
 
-    monkeypatch.setattr(vectors, "EXACT_MAX_ROWS", 1000)  # search through the index, not numpy
+    monkeypatch.setattr(vector_search, "EXACT_MAX_ROWS", 1000)  # search through the index, not numpy
     corpus = tmp_path / "c"
     corpus.mkdir()
     for f in range(30):

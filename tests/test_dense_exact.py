@@ -1,5 +1,5 @@
 """Dense search below EXACT_MAX_ROWS runs in numpy over vectors read once per collection
-version (indexing/vectors.py VectorSearch): it must answer exactly what LanceDB's flat
+version (indexing/vector_search.py VectorSearch): it must answer exactly what LanceDB's flat
 search answers, keep filters as prefilters, and load in the background on the first query."""
 
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from groundkit_datasette import registry as gk_registry
-from groundkit_datasette.indexing import vectors
+from groundkit_datasette.indexing import vector_search
 from groundkit_datasette.indexing.ingest import ingest
-from groundkit_datasette.indexing.vectors import VectorSearch
+from groundkit_datasette.indexing.vector_search import VectorSearch
 from groundkit_datasette.retrieval.collection import Collection
 
 from .embedder_support import ClusteredEmbedder, embedder_plugin
@@ -108,7 +108,7 @@ def test_the_first_dense_query_loads_the_vectors_in_the_background_once(collecti
 def test_larger_tables_go_to_lancedb(collection, monkeypatch):
     """Past EXACT_MAX_ROWS the search is LanceDB's, and answers the same hits on a flat table."""
     exact = [h.chunk_id for h in collection.search(query="thing 5", mode="dense", top_k=8).hits]
-    monkeypatch.setattr(vectors, "EXACT_MAX_ROWS", 10)
+    monkeypatch.setattr(vector_search, "EXACT_MAX_ROWS", 10)
     fresh = Collection.open("small", index_dir=collection.path.parent)
     fresh.manifest.pop("vector_index")  # no index file (an older collection): LanceDB answers
     try:

@@ -278,14 +278,14 @@ def test_eval_ranks_an_ann_collection_as_deep_as_the_product(tmp_path, clustered
     """Eval used to cut dense lists on ANN collections to ef / refine (75 chunks), a limit the
     product no longer has: its hybrid fused 100 BM25 chunks with 75 dense ones, so eval's hybrid
     figure was not the product's (nfcorpus_approx: 0.3524 instead of 0.3538)."""
-    from groundkit_datasette.indexing import vectors
+    from groundkit_datasette.indexing import vector_search
     from groundkit_datasette.indexing.ingest import ingest
     from groundkit_datasette.retrieval import rankers
     from groundkit_datasette.evaluation.evaluate import _ranked_chunks
     from groundkit_datasette.retrieval.models import SearchRequest
     from groundkit_datasette.retrieval.modes import fuse
 
-    monkeypatch.setattr(vectors, "EXACT_MAX_ROWS", 1000)  # through the ANN index, not numpy
+    monkeypatch.setattr(vector_search, "EXACT_MAX_ROWS", 1000)  # through the ANN index, not numpy
     corpus = tmp_path / "c"
     corpus.mkdir()
     for f in range(30):

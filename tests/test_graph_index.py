@@ -1,4 +1,4 @@
-"""The index file's proximity graph (indexing/vectors.py, adr/0033 "Graph index"): above
+"""The index file's proximity graph (indexing/vector_index.py, adr/0033 "Graph index"): above
 IVF_MIN_ROWS a base file also holds an HNSW graph (usearch) viewed in place in the file's
 mapping. A query walks it to a shortlist and ranks the shortlist by exact cosine scores, so
 what it returns is scored as exact search scores it; filters stay prefilters; deltas (small
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from groundkit_datasette import registry as gk_registry
-from groundkit_datasette.indexing import vectors
+from groundkit_datasette.indexing import vector_index as vectors
 from groundkit_datasette.indexing.ingest import Indexer, ingest
-from groundkit_datasette.indexing.vectors import IndexSearch, VectorSearch
+from groundkit_datasette.indexing.vector_index import IndexSearch
+from groundkit_datasette.indexing.vector_search import VectorSearch
 from groundkit_datasette.retrieval.collection import Collection
 
 from .embedder_support import ClusteredEmbedder, embedder_plugin

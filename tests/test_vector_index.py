@@ -1,4 +1,4 @@
-"""The memory-mapped vector index file (indexing/vectors.py ``IndexSearch``): written by
+"""The memory-mapped vector index file (indexing/vector_index.py ``IndexSearch``): written by
 ingest beside the LanceDB table it copies, named by the collection's manifest, opened by a
 query process without lancedb. It must answer what exact search over LanceDB's vectors
 answers, follow every re-ingest (small edits as a delta), never be written by a read, and
@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from groundkit_datasette import registry as gk_registry
-from groundkit_datasette.indexing import vectors
+from groundkit_datasette.indexing import vector_index, vectors
 from groundkit_datasette.indexing.ingest import Indexer, ingest
-from groundkit_datasette.indexing.vectors import IndexSearch, VectorSearch
+from groundkit_datasette.indexing.vector_index import IndexSearch
+from groundkit_datasette.indexing.vector_search import VectorSearch
 from groundkit_datasette.retrieval.collection import Collection
 
 from .embedder_support import ClusteredEmbedder, embedder_plugin
@@ -96,7 +97,7 @@ def test_ingest_publishes_an_index_file_that_answers_as_exact_search(tmp_path):
 def test_inverted_file_probing_every_list_is_exact_and_default_probing_finds_most(tmp_path, monkeypatch):
     """Above IVF_MIN_ROWS the file is an inverted file; probing all lists is exact search,
     and the default probe count still finds nearly all of the true top 10."""
-    monkeypatch.setattr(vectors, "IVF_MIN_ROWS", 100)
+    monkeypatch.setattr(vector_index, "IVF_MIN_ROWS", 100)
     _write_corpus(tmp_path / "c")
     _ingest(tmp_path)
     with _open(tmp_path) as col:
@@ -118,7 +119,7 @@ def test_inverted_file_probing_every_list_is_exact_and_default_probing_finds_mos
 def test_index_follows_small_edits_as_a_delta_and_large_ones_as_a_rebuild(tmp_path, monkeypatch):
     """A one-file edit writes a delta on the previous base (not a copy of every vector);
     edits pile up in deltas until they pass the limit; every version answers as exact."""
-    monkeypatch.setattr(vectors, "IVF_MIN_ROWS", 100)
+    monkeypatch.setattr(vector_index, "IVF_MIN_ROWS", 100)
     corpus = tmp_path / "c"
     _write_corpus(corpus)
     _ingest(tmp_path)
@@ -131,7 +132,7 @@ def test_index_follows_small_edits_as_a_delta_and_large_ones_as_a_rebuild(tmp_pa
         with _open(tmp_path) as col:
             search = col.vector_search()
             assert search.delta is not None and search.deleted is not None
-            header = vectors.IndexFile(col.lance_path / col.manifest["vector_index"]).header
+            header = vector_index.IndexFile(col.lance_path / col.manifest["vector_index"]).header
             assert header["kind"] == "delta" and header["base"] == first_base
             removed = {r[0] for r in col.query("SELECT chunk_id FROM chunks")}
             assert search.rows == col.vectors().count_rows()
@@ -146,7 +147,7 @@ def test_index_follows_small_edits_as_a_delta_and_large_ones_as_a_rebuild(tmp_pa
     _write_corpus(corpus, tag="new")
     _ingest(tmp_path)
     with _open(tmp_path) as col:
-        header = vectors.IndexFile(col.lance_path / col.manifest["vector_index"]).header
+        header = vector_index.IndexFile(col.lance_path / col.manifest["vector_index"]).header
         assert header["kind"] == "base"
         _same_as_exact(col, IndexSearch(col.lance_path, col.manifest["vector_index"],
                                         int(col.manifest["lance_version"]), nprobe=10**6))
