@@ -24,3 +24,9 @@ def register_search_modes(register):
 @hookspec
 def register_tools(register):
     """Call ``register(tool)`` with a ``Tool`` to add an operation to every surface."""
+
+
+@hookspec
+def register_extractors(register):
+    """Call ``register(extractor)`` with an ``indexing.formats.base.Extractor`` to read a file
+    format: its suffixes are ingested and cited like the built-in ones (adr/0057)."""

@@ -16,7 +16,7 @@ _entry_points_loaded = False
 # The embedder used when neither the user nor the collection names one.
 DEFAULT_EMBEDDER = "minilm"
 
-_BUILTINS = ("groundkit_datasette.embedding.embedders", "groundkit_datasette.retrieval.rerankers", "groundkit_datasette.retrieval.modes")
+_BUILTINS = ("groundkit_datasette.embedding.embedders", "groundkit_datasette.retrieval.rerankers", "groundkit_datasette.retrieval.modes", "groundkit_datasette.indexing.formats.builtin")
 
 
 _builtins_lock = threading.Lock()  # a query model warming in a thread may get here first

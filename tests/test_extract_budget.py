@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from groundkit_datasette.indexing import extract, isolation
+from groundkit_datasette.indexing.formats.packages import Outline
+from groundkit_datasette.indexing.formats.spreadsheet import cell_text, read_xlsx
 from groundkit_datasette.indexing.extract import (Exceeded, ExtractionBusy, Skipped, extract_bytes,
                                                     extract_file)
 from groundkit_datasette.indexing.ingest import Indexer, ingest
@@ -560,10 +562,10 @@ def openpyxl_text(data: bytes):
 
     book = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
     try:
-        out = extract._Outline()
+        out = Outline()
         for sheet in book.worksheets:
             sheet.reset_dimensions()
-            rows = [[extract._cell_text(v) for v in row] for row in sheet.iter_rows(values_only=True)]
+            rows = [[cell_text(v) for v in row] for row in sheet.iter_rows(values_only=True)]
             if not any(any(c.strip() for c in row) for row in rows):
                 continue
             out.heading(1, f'Sheet "{sheet.title}"')
@@ -576,7 +578,7 @@ def openpyxl_text(data: bytes):
 
 def streamed_text(data: bytes):
     """The streamed reader's text and title (an empty workbook included: no "empty" skip)."""
-    outline, title = extract._read_xlsx(data, zipfile.ZipFile(io.BytesIO(data)), extract._Budget())
+    outline, title = read_xlsx(data, zipfile.ZipFile(io.BytesIO(data)), extract._budget())
     return outline.text(), title
 
 
