@@ -131,7 +131,7 @@ def worker(engine: str, spec_file: str) -> dict:
             return _bm25_ranked(col, q, TOP_K, None)
 
         def score_only(q):
-            return bm25.score(col._conn, q)
+            return col.bm25_scores(q)
 
         # The fixed cost of a response: from ranked row ids to serialised JSON, as run_search
         # and the JSON API do it (one lookup by row id, hits as plain dicts never validated
@@ -154,9 +154,10 @@ def worker(engine: str, spec_file: str) -> dict:
 
         def fields(q):  # ranked row ids to the response's fields, as a plain BM25 page builds
             ids, scores = ranked_ids[q]  # them (search._bm25_page, adr/0047)
-            rows = _search.hit_rows(col, "id", ids)  # in the order of ids
+            rows = col.hit_rows("id", ids)  # in the order of ids
             page = rows[:TOP_K]
-            hits = _search._hit_dicts(col, zip([r[0] for r in page], scores[:TOP_K]), page, None, 1)
+            hits = _search._hit_dicts(col, zip([r.chunk_id for r in page], scores[:TOP_K]), page,
+                                      None, 1)
             return dict(
                 collection=col.name, mode="bm25", generation=col.generation, top_k=TOP_K, offset=0,
                 next_offset=TOP_K if len(ids) > TOP_K else None,
@@ -187,18 +188,18 @@ def worker(engine: str, spec_file: str) -> dict:
         def response_stdlib(q):  # the plain values written by the standard library instead
             return json.dumps(fields(q), ensure_ascii=False, separators=(",", ":")).encode()
 
-        def no_stale_check(collection, rows):
+        def no_stale_check(rows):
             return [None] * len(rows)
 
         def unchecked(fn):
             def run(q):
                 # The stale check left out (not by clearing the base directory: that would drop
                 # the open collection's kept stat answers for every other variant too).
-                saved, _search._source_changed = _search._source_changed, no_stale_check
+                col.sources_changed = no_stale_check  # on this object only
                 try:
                     return fn(q)
                 finally:
-                    _search._source_changed = saved
+                    del col.sources_changed
             return run
 
         response_unchecked = unchecked(response)
@@ -222,12 +223,11 @@ def worker(engine: str, spec_file: str) -> dict:
 
         def uncached(fn):
             def run(q):  # every hit row read from SQLite, as on a first query; the rows
-                kept = col.__dict__.pop("_hit_row_cache", None)  # the others read stay kept
+                kept, col._hit_rows = col._hit_rows, {}  # the others read stay kept
                 try:
                     return fn(q)
                 finally:
-                    if kept is not None:
-                        col.__dict__["_hit_row_cache"] = kept
+                    col._hit_rows = kept
             return run
 
         search_rows_uncached, response_uncached = uncached(search), uncached(response)

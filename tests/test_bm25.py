@@ -97,7 +97,7 @@ def _bm25_collection(tmp_path, files: dict[str, str], name="kw"):
 
 
 def _scores(col, query):
-    ids, scores = bm25.score(col._conn, query)
+    ids, scores = col.bm25_scores(query)
     sources = dict(col.query("SELECT c.id, d.source FROM chunks c JOIN documents d USING (document_id)"))
     return {sources[int(i)]: float(s) for i, s in zip(ids, scores)}
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from groundkit_datasette.indexing.ingest import ingest
+from groundkit_datasette.indexing.schema import connect_readonly
 from groundkit_datasette.retrieval import bm25, rankers
 from groundkit_datasette.retrieval.collection import Collection
 from groundkit_datasette.retrieval.models import SearchRequest
@@ -93,12 +94,11 @@ def test_matched_terms_equals_membership_in_the_postings(corpus):
             words = dict(bm25.query_words(query))
             holders = {w: _postings(col, t) for w, t in words.items()}
             want = [[w for w in words if r in holders[w]] for r in rows]
-            assert bm25.matched_terms(col._conn, query, rows, col.postings_cache) == want, query
-            assert bm25.matched_terms(col._conn, query, np.array(rows[::-1]),
-                                      col.postings_cache) == want[::-1], query
-            assert bm25.matched_terms(col._conn, query, rows) == want  # no cache
+            assert col.matched_terms(query, rows) == want, query
+            assert col.matched_terms(query, np.array(rows[::-1])) == want[::-1], query
+            assert bm25.matched_terms(connect_readonly(col.path), query, rows) == want  # no cache
             twice = rows[:40] + rows[:40]  # a row given twice: equal, separate lists
-            got = bm25.matched_terms(col._conn, query, twice, col.postings_cache)
+            got = col.matched_terms(query, twice)
             assert got == want[:40] * 2, query
             assert all(a is not b for a, b in zip(got[:40], got[40:]))
         hits = col.search(query="the harbour harbour ferry 東京", mode="bm25", top_k=10).hits
@@ -116,12 +116,12 @@ def test_a_reader_with_hidden_documents_ranks_as_the_plain_computation(corpus):
             "SELECT c.id FROM chunks c JOIN documents d USING (document_id) "
             "WHERE d.source LIKE 'hr/%'")}
         assert hidden
-        reader = rankers.reader_view(col, view.access().hidden_documents).prepare(col._conn)
+        reader = col.bm25_view(col.reader_view(view.access().hidden_documents))
         assert set(reader.hidden_rows.tolist()) == hidden
         ranks = col.tie_ranks()
         chunk_of = dict(col.query("SELECT id, chunk_id FROM chunks"))
         for query in QUERIES:
-            ids, scores = bm25.score(col._conn, query, reader)
+            ids, scores = col.bm25_scores(query, reader)
             plain = sorted(((-s, int(ranks[i]), int(i)) for i, s in zip(ids.tolist(), scores.tolist())
                             if i not in hidden))
             want = [(chunk_of[i], -s) for s, _r, i in plain[:10]]
@@ -138,7 +138,7 @@ def _membership(col, query, rows):
 
 
 def test_matched_terms_of_a_one_term_ranking_come_from_its_head(corpus):
-    """A one-term search's ranking leaves its rows (bm25.HELD) for the same search's
+    """A one-term search's ranking leaves its rows (PostingsCache.held) for the same search's
     matched_terms: the same answer as asking the postings, for the rows as ranked, a later
     page, a reordered subset, rows outside the ranking (asked again), and another query's
     rows (never answered from this query's entry)."""
@@ -150,13 +150,13 @@ def test_matched_terms_of_a_one_term_ranking_come_from_its_head(corpus):
         for query in one_term:
             for depth in (1, 10, 128):
                 ids, _ = rankers.bm25_top_rows(col, query, depth, None)
-                assert ids and cache[bm25.HELD][0] == query, query
+                assert ids and cache.held[0] == query, query
                 for rows in (ids, ids[3:], ids[::-1][:5], ids + outside[:40],
                              outside[-5:]):
-                    assert bm25.matched_terms(col._conn, query, rows, cache) == \
+                    assert col.matched_terms(query, rows) == \
                         _membership(col, query, rows), (query, depth)
                 other = "tide gull"
-                assert bm25.matched_terms(col._conn, other, ids, cache) == \
+                assert col.matched_terms(other, ids) == \
                     _membership(col, other, ids)
         # The whole search: each hit's matched_terms and lexical_match (any chunk holding a
         # query word, on this page or not) as the postings say.

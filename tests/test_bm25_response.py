@@ -145,7 +145,7 @@ def test_matched_terms_by_searchsorted_equals_membership_in_the_postings(built):
     with Collection.open("birds", index_dir=index_dir) as col:
         top = col.query("SELECT max(id) FROM chunks")[0][0]
         rows = list(range(0, top + 3))
-        got = bm25.matched_terms(col._conn, query, rows, col.postings_cache)
+        got = col.matched_terms(query, rows)
         words = dict(bm25.query_words(query))
         holders = {}
         for word, term in words.items():

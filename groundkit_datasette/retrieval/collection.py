@@ -11,7 +11,6 @@ import json
 import os
 import sqlite3
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 from ..indexing import schema
@@ -20,9 +19,11 @@ from ..errors import ChunkNotFound, CollectionNotFound, IndexInconsistent, NotAC
 # The response models (pydantic) are imported where they are used: a fresh process that
 # searches starts loading its query model before it imports them (adr/0037).
 from ..indexing.names import LANCE_SUFFIX, NAME_PATTERN, SQLITE_SUFFIX, sqlite_path, validate_name
+from .rows import CITATION_COLUMNS, HIT_SQL, ChunkRow, HitRow  # noqa: F401  (HitRow: the API)
 
 
 _SEARCH_API = None
+_BM25 = None  # the bm25 and views modules, bound by the first ranking (not at open: numpy)
 
 
 def _search_api():
@@ -37,8 +38,22 @@ def _search_api():
     return _SEARCH_API
 
 
+def _hit_row(_cursor, row) -> HitRow:
+    return _new_tuple(HitRow, row)
+
+
+_new_tuple = tuple.__new__  # HitRow._make without its length check (the SELECT fixes it)
+
+
+# Hit rows (about 1 kB each) and citations kept per open collection, read by row id.
+HIT_ROW_CACHE = 4096
+_NOT_ASKED = object()
+
+
 class Collection:
-    """A read-only view of one published version of a collection."""
+    """A read-only view of one published version of a collection: its connection, its lock
+    and everything its searches keep (postings, tie order, reader views, hit rows,
+    citations, the source check), all of one version, so never stale (adr/0054)."""
 
     def __init__(self, path: Path, name: str, *, base_dir: Path | None = None, embedder=None,
                  reranker=None):
@@ -60,8 +75,8 @@ class Collection:
             self._conn.close()
             raise
         self.generation = int(self.manifest.get("generation", "0"))
-        self._has_encoding = schema.has_encoding_column(self._conn)
-        self._has_stat = schema.has_stat_columns(self._conn)
+        self.has_encoding = schema.has_encoding_column(self._conn)
+        self.has_stat = schema.has_stat_columns(self._conn)
         self._vectors = None
         self._vectors_loaded = False
         # Not ``_lock``: opening LanceDB takes long and must not hold up BM25 on this object.
@@ -71,10 +86,16 @@ class Collection:
         self._prefetch = None
         self._warm = None
         self._vector_total = None
-        self.postings_cache: dict = {}
+        self._protected = None
+        # What searches keep of this version (adr/0054), each read under ``_lock`` when filled.
+        self._postings_cache = None  # bm25.PostingsCache, made by the first ranking
         self._tie_ranks = None
         self._chunk_total = None
-        self._protected = None
+        self._views = None  # views.ReaderViews
+        self._whole_view = _NOT_ASKED
+        self._hit_rows: dict = {}
+        self._citations: dict = {}
+        self._stale = None  # stale.StaleCheck of ``base_dir``
         self.base_dir = Path(base_dir) if base_dir is not None else self._manifest_base_dir()
 
     @classmethod
@@ -136,18 +157,175 @@ class Collection:
             return self._conn.execute(sql, params).fetchall()
 
     def chunk_total(self) -> int:
-        """Chunks in this version, as BM25 counted them (call under ``_lock``)."""
+        """Chunks in this version, as BM25 counted them."""
         if self._chunk_total is None:
-            self._chunk_total = self._conn.execute("SELECT count(*) FROM bm25_chunk_terms").fetchone()[0]
+            with self._lock:
+                self._chunk_total = self._conn.execute(
+                    "SELECT count(*) FROM bm25_chunk_terms").fetchone()[0]
         return self._chunk_total
 
-    def tie_ranks(self):
-        """The BM25 tie-break order, read once per open collection (call under ``_lock``)."""
-        if self._tie_ranks is None:
-            from .bm25 import tie_ranks
+    # -- what searches keep of this version (adr/0054) ----------------------------
 
-            self._tie_ranks = (tie_ranks(self._conn),)
+    def tie_ranks(self):
+        """The BM25 tie-break order (``bm25.tie_ranks``), read once; None for a file written
+        before it was stored."""
+        if self._tie_ranks is None:
+            with self._lock:
+                if self._tie_ranks is None:
+                    self._tie_ranks = (_bm25().tie_ranks(self._conn),)
         return self._tie_ranks[0]
+
+    @property
+    def postings_cache(self):
+        """This version's postings as read so far (``bm25.PostingsCache``)."""
+        return self._postings()
+
+    def _postings(self):
+        cache = self._postings_cache
+        if cache is None:
+            cache = self._postings_cache = _bm25().PostingsCache()
+        return cache
+
+    def bm25_top(self, query: str, depth: int, view=None):
+        """``bm25.top_rows`` on this version's postings, or on ``view`` (a reader's, from
+        :meth:`bm25_view`): ``([row id], [score])`` in rank order. Needs :meth:`tie_ranks`."""
+        with self._lock:
+            return _bm25().top_rows(self._conn, query, depth,
+                                    self._postings() if view is None else view, self.tie_ranks())
+
+    def bm25_scores(self, query: str, view=None, hidden=None):
+        """``bm25.score``: every matching chunk's ``(row ids, scores)``, on ``view`` when given,
+        else on the stored postings re-weighted without the ``hidden`` rows (a file without a
+        document map)."""
+        with self._lock:
+            if view is not None:
+                return _bm25().score(self._conn, query, view)
+            total = self.chunk_total() if hidden is not None else None
+            return _bm25().score(self._conn, query, self._postings(), hidden, total)
+
+    def matched_terms(self, query: str, row_ids) -> list[list[str]]:
+        """``bm25.matched_terms`` for the chunk rows ``row_ids``."""
+        with self._lock:
+            return _bm25().matched_terms(self._conn, query, row_ids, self._postings())
+
+    def term_rows(self, query: str) -> list:
+        """``bm25.term_rows``: the chunk row ids holding each of the query's terms."""
+        with self._lock:
+            return _bm25().term_rows(self._conn, query, self._postings())
+
+    def reader_view(self, hidden_documents: tuple):
+        """The BM25 view (``views.ReaderView``, adr/0051) of a reader from whom
+        ``hidden_documents`` are hidden, kept per set (their chunk rows looked up once);
+        :meth:`bm25_view` prepares it for ranking."""
+        with self._lock:
+            def hidden_rows():
+                rows = self.query(
+                    "SELECT id FROM chunks WHERE document_id IN (SELECT value FROM json_each(?))",
+                    [json.dumps(list(hidden_documents))])
+                import numpy as np
+
+                return np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
+
+            return self._reader_views().get(tuple(hidden_documents), self._postings(), hidden_rows)
+
+    def bm25_view(self, view=None):
+        """The view BM25 ranks on: ``view`` (from :meth:`reader_view`) prepared, else, on a
+        collection with access lists whose stored weights are not its own statistics, the
+        view hiding nothing; None: the stored postings (a view cannot be made without the
+        document map: the legacy re-weighting, ``bm25.without_hidden``)."""
+        with self._lock:
+            if view is not None:
+                return view.prepare(self._conn)
+            if self._whole_view is _NOT_ASKED:
+                self._whole_view = self._unhidden_view()
+            return self._whole_view
+
+    def _reader_views(self):
+        if self._views is None:
+            raw = self.manifest.get("bm25_stats")
+            try:
+                stored = json.loads(raw) if raw else None
+            except ValueError:
+                stored = None
+            self._views = _views().ReaderViews(stored if isinstance(stored, dict) else None)
+        return self._views
+
+    def _unhidden_view(self):
+        # The manifest records access lists (sticky once any version had one); without them no
+        # reader is shown anything another could not see, and the stored weights answer.
+        if self.manifest.get("access_lists") != "1":
+            return None
+        views = self._reader_views()
+        if not views.stale(self._conn, self._postings()):
+            return None
+        import numpy as np
+
+        return views.get((), self._postings(), lambda: np.empty(0, np.int64)).prepare(self._conn)
+
+    def hit_rows(self, key: str, values: list) -> list[HitRow]:
+        """The hit rows of the chunks whose ``key`` (``id``, the row id, or ``chunk_id``) is
+        one of ``values``: one SQL query. By row id, in the order of ``values``, rows already
+        read come from memory and only the others are queried."""
+        if not values:
+            return []
+        if key != "id":
+            return self._query_hit_rows("chunk_id", values)
+        cache = self._hit_rows
+        get = cache.get
+        rows = [get(i) for i in values]  # in the order of ``values``
+        if None not in rows:
+            return rows
+        found = dict(zip(values, rows))
+        missing = [i for i, r in found.items() if r is None]
+        with self._lock:  # searches may run in several threads
+            for r in self._query_hit_rows("id", missing):
+                found[r.row_id] = cache[r.row_id] = r
+            while len(cache) > HIT_ROW_CACHE:
+                del cache[next(iter(cache))]  # the oldest first (dicts keep insertion order)
+        return [r for r in found.values() if r is not None]
+
+    def _query_hit_rows(self, key: str, values: list) -> list[HitRow]:
+        stat = "d.source_size, d.source_mtime_ns" if self.has_stat else "NULL, NULL"
+        sql = HIT_SQL.format(stat=stat, key=key, marks=",".join("?" * len(values)))
+        with self._lock:
+            cursor = self._conn.cursor()
+            cursor.row_factory = _hit_row
+            return cursor.execute(sql, values).fetchall()
+
+    def citations(self, rows) -> list[dict]:
+        """Each hit row's citation fields as a dict (``CITATION_COLUMNS``), kept by chunk id
+        (bounded like the hit rows). Callers copy them: the kept dicts are never changed."""
+        kept = self._citations
+        cited = kept.get
+        out = []
+        for r in rows:
+            citation = cited(r.chunk_id)
+            if citation is None:  # the row's first twelve columns, by name, made once
+                citation = dict(zip(CITATION_COLUMNS, r))
+                if len(kept) >= HIT_ROW_CACHE:
+                    kept.clear()
+                kept[r.chunk_id] = citation
+            out.append(citation)
+        return out
+
+    def sources_changed(self, rows) -> list:
+        """For each hit row, whether its file's size or mtime differs from ingest's record
+        (``stale.StaleCheck``, made again when ``base_dir`` is set to another directory)."""
+        check = self._stale
+        if check is None or check.base_dir is not self.base_dir:
+            from .stale import StaleCheck
+
+            check = self._stale = StaleCheck(self.base_dir)
+        return check.changed_rows(rows)
+
+    def sources_checked_locally(self) -> bool:
+        """Whether a search's source checks stay off the network: no base directory, or one
+        on a local file system the watcher covers (known after the first search; False
+        before)."""
+        if self.base_dir is None:
+            return True
+        check = self._stale
+        return check is not None and check.base_dir is self.base_dir and check.local
 
     @property
     def lance_path(self) -> Path:
@@ -302,28 +480,28 @@ class Collection:
         from .models import ChunkCitation, ChunkResponse, FetchChunkRequest
 
         FetchChunkRequest(chunk_id=chunk_id)
-        rows = self.query(
-            """SELECT c.chunk_id, c.document_id, c.chunk_index, d.source, d.title, c.start_offset,
-                      c.end_offset, c.line_start, c.line_end, c.page_start, c.page_end, c.heading,
-                      c.content, c.content_hash, d.source_class, d.extractor, d.extractor_version,
-                      {encoding}
-               FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id = ?""".format(
-                encoding="d.encoding" if self._has_encoding else "NULL"),
-            (chunk_id,),
-        )
+        with self._lock:
+            cursor = self._conn.cursor()
+            cursor.row_factory = _chunk_row
+            rows = cursor.execute(
+                """SELECT c.chunk_id, c.document_id, c.chunk_index, d.source, d.title,
+                          c.start_offset, c.end_offset, c.line_start, c.line_end, c.page_start,
+                          c.page_end, c.heading, c.content, c.content_hash, d.source_class,
+                          d.extractor, d.extractor_version, {encoding}
+                   FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id = ?""".format(
+                    encoding="d.encoding" if self.has_encoding else "NULL"),
+                (chunk_id,),
+            ).fetchall()
         if not rows:
             raise ChunkNotFound("chunk not found")  # the same words for a chunk hidden by permissions
         r = rows[0]
-        citation = ChunkCitation(
-            chunk_id=r[0], document_id=r[1], chunk_index=r[2], source=r[3], title=r[4],
-            start_offset=r[5], end_offset=r[6], line_start=r[7], line_end=r[8], page_start=r[9],
-            page_end=r[10], heading=r[11], content=r[12], content_hash=r[13],
-        )
+        citation = ChunkCitation(**{f: getattr(r, f) for f in ChunkCitation.model_fields})
         from .citations import verify_citation  # here: BM25 and dense searches never need it
 
         verification = verify_citation(
-            source=r[3], source_class=r[14], extractor=r[15], extractor_version=r[16],
-            start=r[5], end=r[6], content=r[12], base_dir=self.base_dir, encoding=r[17],
+            source=r.source, source_class=r.source_class, extractor=r.extractor,
+            extractor_version=r.extractor_version, start=r.start_offset, end=r.end_offset,
+            content=r.content, base_dir=self.base_dir, encoding=r.encoding,
         )
         return ChunkResponse(
             collection=self.name, generation=self.generation, chunk=citation,
@@ -412,6 +590,25 @@ class Collection:
             (json.dumps(sorted(hidden)),),
         )}
         return len(with_vector & readable)
+
+
+def _chunk_row(_cursor, row) -> ChunkRow:
+    return tuple.__new__(ChunkRow, row)
+
+
+def _bm25():
+    """The bm25 module, imported by the first ranking and then kept."""
+    global _BM25
+    if _BM25 is None:
+        from . import bm25, views
+
+        _BM25 = (bm25, views)
+    return _BM25[0]
+
+
+def _views():
+    _bm25()
+    return _BM25[1]
 
 
 def coverage_reason(vectors: int, chunks: int) -> str | None:

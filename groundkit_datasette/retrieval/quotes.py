@@ -165,7 +165,7 @@ _DOC_COLUMNS = ("d.document_id, d.source, d.title, d.source_class, d.extractor, 
 
 def _documents(collection, reader, where: str, params: list, limit: int) -> list[tuple]:
     sql, rparams = reader.readable_sql("d")
-    cols = _DOC_COLUMNS.format(encoding="d.encoding" if collection._has_encoding else "NULL")
+    cols = _DOC_COLUMNS.format(encoding="d.encoding" if collection.has_encoding else "NULL")
     return collection.query(
         f"SELECT {cols} FROM documents d WHERE ({where}) AND {sql} ORDER BY d.source LIMIT ?",
         [*params, *rparams, limit],

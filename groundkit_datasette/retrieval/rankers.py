@@ -5,7 +5,6 @@ never returns a chunk outside it (filter before ranking).
 
 from __future__ import annotations
 
-import json
 import threading
 
 import numpy as np
@@ -99,7 +98,7 @@ PREFETCH_DEPTH = 64
 
 class RankedHits(list):
     """A ranking ``[(chunk_id, score)]`` with the hit rows read along with it (``rows``, by
-    chunk id, in ``search.hit_rows``'s layout)."""
+    chunk id: ``collection.HitRow``)."""
 
     rows: dict = {}
 
@@ -113,8 +112,8 @@ def bm25_ranked(collection, query, depth, allowed):
     if not rows_ids:
         return []
     if depth <= PREFETCH_DEPTH:
-        rows = _search().hit_rows(collection, "id", rows_ids)  # in rank order
-        chunk_ids = [r[0] for r in rows]
+        rows = collection.hit_rows("id", rows_ids)  # in rank order
+        chunk_ids = [r.chunk_id for r in rows]
         if len(rows) == len(rows_ids):
             out = RankedHits(zip(chunk_ids, score_list))
         else:  # a row missing: never shift the ranking or serve a half-consistent hit
@@ -131,33 +130,18 @@ def bm25_ranked(collection, query, depth, allowed):
     return [(chunk_ids[i], s) for i, s in zip(rows_ids, score_list)]
 
 
-def _search():
-    """The search module (it imports this one: bound on first use, not looked up per query)."""
-    global _search_module
-    if _search_module is None:
-        from . import search
-
-        _search_module = search
-    return _search_module
-
-
-_search_module = None
-
-
 def bm25_top_rows(collection, query, depth, allowed):
     """Top ``depth`` as ``([chunk row id], [score])`` in rank order, or None for a collection
     written before the tie order was stored (see :func:`bm25_ranked`)."""
-    with collection._lock:
-        ranks = collection.tie_ranks()
-        if ranks is None:
-            return None
-        view = _bm25_view(collection, allowed)
-        if allowed is None or (view is not None and allowed.only_permissions):
-            # Nothing outside the postings ranked (the stored ones, or the reader's view):
-            # only the chunks that can reach the top ``depth`` are scored.
-            return bm25.top_rows(collection._conn, query, depth,
-                                 collection.postings_cache if view is None else view, ranks)
-        ids, scores = _bm25_scores(collection, query, allowed, view)
+    ranks = collection.tie_ranks()
+    if ranks is None:
+        return None
+    view = collection.bm25_view(allowed.view if allowed is not None else None)
+    if allowed is None or (view is not None and allowed.only_permissions):
+        # Nothing outside the postings ranked (the stored ones, or the reader's view):
+        # only the chunks that can reach the top ``depth`` are scored.
+        return collection.bm25_top(query, depth, view)
+    ids, scores = _bm25_scores(collection, query, allowed, view)
     if ids.size:
         keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
         ids, scores = ids[keep], scores[keep]
@@ -165,79 +149,16 @@ def bm25_top_rows(collection, query, depth, allowed):
 
 
 def _bm25_scores(collection, query, allowed, view):
-    """Every matching chunk's score, on the reader's view when it has one (call under the
-    collection's lock)."""
+    """Every matching chunk's score, on the reader's view when it has one."""
     if view is not None:
-        return bm25.score(collection._conn, query, view)
-    hidden = allowed.hidden if allowed is not None else None
-    total = collection.chunk_total() if hidden is not None else None  # a file without a map
-    return bm25.score(collection._conn, query, collection.postings_cache, hidden, total)
-
-
-# -- the reader's view (bm25.ReaderView, adr/0051) ---------------------------------------
-
-_NOT_ASKED = object()
-
-
-def _views(collection) -> bm25.ReaderViews:
-    """The open collection's reader views (one published version: never stale)."""
-    views = collection.__dict__.get("_bm25_views")
-    if views is None:
-        raw = collection.manifest.get("bm25_stats")
-        try:
-            stored = json.loads(raw) if raw else None
-        except ValueError:
-            stored = None
-        views = collection.__dict__["_bm25_views"] = bm25.ReaderViews(
-            stored if isinstance(stored, dict) else None)
-    return views
-
-
-def reader_view(collection, hidden_documents: tuple):
-    """The BM25 view of a reader from whom ``hidden_documents`` are hidden, kept per open
-    collection and set of hidden documents (their chunk rows are looked up once)."""
-    with collection._lock:
-        def hidden_rows():
-            rows = collection.query(
-                "SELECT id FROM chunks WHERE document_id IN (SELECT value FROM json_each(?))",
-                [json.dumps(list(hidden_documents))])
-            return np.sort(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)))
-
-        return _views(collection).get(tuple(hidden_documents), collection.postings_cache,
-                                      hidden_rows)
-
-
-def _bm25_view(collection, allowed):
-    """The view BM25 ranks on (call under the collection's lock): the reader's, else, on a
-    collection with access lists whose stored weights are not its own statistics, the view
-    hiding nothing; None: the stored postings (a view cannot be made without the
-    document map: the legacy re-weighting, ``bm25.without_hidden``)."""
-    view = allowed.view if allowed is not None else None
-    if view is None:
-        view = collection.__dict__.get("_bm25_whole", _NOT_ASKED)
-        if view is _NOT_ASKED:
-            view = collection.__dict__["_bm25_whole"] = _whole_view(collection)
-        return view
-    return view.prepare(collection._conn)
-
-
-def _whole_view(collection):
-    """The view hiding nothing, where a reader who may read everything needs one."""
-    # The manifest records access lists (sticky once any version had one); without them no
-    # reader is shown anything another could not see, and the stored weights answer.
-    if collection.manifest.get("access_lists") != "1":
-        return None
-    views = _views(collection)
-    if not views.stale(collection._conn, collection.postings_cache):
-        return None
-    return views.get((), collection.postings_cache, lambda: np.empty(0, np.int64)).prepare(
-        collection._conn)
+        return collection.bm25_scores(query, view)
+    return collection.bm25_scores(query, hidden=allowed.hidden if allowed is not None else None)
 
 
 def _bm25_ranked_by_hash(collection, query, depth, allowed):
     """Collections written before the tie order was stored: ties by the hashes looked up."""
-    with collection._lock:
-        ids, scores = _bm25_scores(collection, query, allowed, _bm25_view(collection, allowed))
+    ids, scores = _bm25_scores(collection, query, allowed,
+                               collection.bm25_view(allowed.view if allowed is not None else None))
     if allowed is not None and ids.size:
         keep = allowed.mask(ids)  # before truncation: hidden chunks never take a top-k slot
         ids, scores = ids[keep], scores[keep]

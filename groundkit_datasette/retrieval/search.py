@@ -14,8 +14,8 @@ from .models import (
     CITATION_FIELDS, MAX_OFFSET, MAX_TOP_K, ComponentScore, DocumentGroup, Hit, SearchRequest,
     PlainResponse, SearchResponse, built, whole_builder,
 )
-from . import bm25, rankers
-from .stale import StaleCheck
+from . import rankers
+from .rows import CITATION_COLUMNS
 from .modes import BUILTIN_MODES, HYBRID_DEPTH, RRF_K, RankContext, registered_modes
 from .modes import fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
 from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (part of the API)
@@ -86,7 +86,7 @@ def _allowed(collection, request, access=None) -> Allowed | None:
     if access is not None:
         hidden_documents = list(access.hidden_documents)
         # Kept per open collection and set of hidden documents, with the hidden chunk rows.
-        view = rankers.reader_view(collection, access.hidden_documents)
+        view = collection.reader_view(access.hidden_documents)
         hidden_rows = view.hidden_rows
     if not clauses:
         return Allowed(hidden_rows, hidden_documents, exclude=True, hidden=hidden_rows, view=view)
@@ -102,57 +102,8 @@ def _allowed(collection, request, access=None) -> Allowed | None:
     return Allowed(ids, sorted({r[1] for r in rows}), hidden=hidden_rows, view=view)
 
 
-# The columns of a hit, then the chunk's integer row id (index 14).
-_HIT_SQL = """SELECT c.chunk_id, c.document_id, d.source, d.title, c.start_offset, c.end_offset,
-                     c.line_start, c.line_end, c.page_start, c.page_end, c.heading, c.content,
-                     {stat}, c.id
-              FROM chunks c JOIN documents d USING (document_id) WHERE c.{key} IN ({marks})"""
-
-
-def hit_rows(collection, key: str, values: list) -> list[tuple]:
-    """The hit columns of the chunks whose ``key`` (``id``, the integer row id, or
-    ``chunk_id``) is one of ``values``: one SQL query. By row id, rows already read from this
-    open collection (one published version, so never stale) come from memory
-    (:func:`_row_cache`) and only the others are queried."""
-    if not values:
-        return []
-    if key != "id":
-        return _query_hit_rows(collection, "chunk_id", values)
-    cache = _row_cache(collection)
-    get = cache.get
-    rows = [get(i) for i in values]  # in the order of ``values``
-    if None not in rows:
-        return rows
-    found = dict(zip(values, rows))
-    missing = [i for i, r in found.items() if r is None]
-    with collection._lock:  # searches may run in several threads
-        for r in _query_hit_rows(collection, "id", missing):
-            found[r[14]] = cache[r[14]] = r
-        while len(cache) > HIT_ROW_CACHE:
-            del cache[next(iter(cache))]  # the oldest first (dicts keep insertion order)
-    return [r for r in found.values() if r is not None]
-
-
-# Hit rows kept in memory per open collection, read by row id (about 1 kB each).
-HIT_ROW_CACHE = 4096
-
-
-def _kept(collection, key: str) -> dict:
-    """A dict kept on one open collection (one published version: its rows never change)."""
-    cache = collection.__dict__.get(key)
-    if cache is None:
-        cache = collection.__dict__[key] = {}
-    return cache
-
-
-def _row_cache(collection) -> dict:
-    return _kept(collection, "_hit_row_cache")
-
-
-def _query_hit_rows(collection, key: str, values: list) -> list[tuple]:
-    stat = "d.source_size, d.source_mtime_ns" if collection._has_stat else "NULL, NULL"
-    sql = _HIT_SQL.format(stat=stat, key=key, marks=",".join("?" * len(values)))
-    return collection.query(sql, values)
+if CITATION_COLUMNS != CITATION_FIELDS:  # a hit row's first columns are a citation's fields
+    raise ImportError("rows.HitRow and models.Citation disagree")
 
 
 def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None = None):
@@ -165,7 +116,7 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
     found = [rows.get(cid) for cid, _ in ranked] if rows else [None] * len(ranked)
     if None in found:
         missing = [cid for (cid, _), r in zip(ranked, found) if r is None]
-        looked_up = {r[0]: r for r in hit_rows(collection, "chunk_id", missing)}
+        looked_up = {r.chunk_id: r for r in collection.hit_rows("chunk_id", missing)}
         found = [r or looked_up.get(cid) for (cid, _), r in zip(ranked, found)]
         if None in found:  # a vector without its chunk row: never serve a half-consistent hit
             from ..errors import IndexInconsistent
@@ -173,27 +124,20 @@ def _hits(collection, ranked, components, first_rank: int = 1, rows: dict | None
             raise IndexInconsistent(
                 "the collection's vectors and chunks disagree; re-run groundkit ingest"
             )
-    return _hit_dicts(collection, ranked, found, components, first_rank), [r[14] for r in found]
+    return (_hit_dicts(collection, ranked, found, components, first_rank),
+            [r.row_id for r in found])
 
 
 def _hit_dicts(collection, ranked, found, components, first_rank: int) -> list[dict]:
     """The hits of ``ranked`` (``[(chunk id, score)]``) from their rows ``found``, in order.
     ``components``: each chunk's component entries, or None for a BM25 ranking alone (each
     hit's one component is then its own rank and score, as RankContext.record makes it)."""
-    changed = _source_changed(collection, found)
-    citations = _citation_cache(collection)
-    cited = citations.get
+    changed = collection.sources_changed(found)
     parts = components.get if components is not None else None
     hits = []
     append = hits.append
     rank = first_rank
-    for (cid, score), r, stale in zip(ranked, found, changed):
-        citation = cited(cid)
-        if citation is None:  # the row's first twelve columns, by name, made once
-            citation = dict(zip(CITATION_FIELDS, r))
-            if len(citations) >= HIT_ROW_CACHE:
-                citations.clear()
-            citations[cid] = citation
+    for (cid, score), citation, stale in zip(ranked, collection.citations(found), changed):
         # The citation's copy, then the rest of Hit's fields in order (one call: a third
         # cheaper than a copy and five stores). matched_terms is set by _add_matches.
         append(dict(citation, rank=rank, score=score,
@@ -202,36 +146,6 @@ def _hit_dicts(collection, ranked, found, components, first_rank: int) -> list[d
                     source_changed=stale, matched_terms=[]))
         rank += 1
     return hits
-
-
-def _citation_cache(collection) -> dict:
-    """Chunk id -> the hit's citation fields as a dict, per open collection (one published
-    version: a chunk id's row never changes within it); bounded like the hit rows."""
-    return _kept(collection, "_citation_cache")
-
-
-def sources_checked_locally(collection) -> bool:
-    """Whether a search's source checks stay off the network: no base directory, or one on a
-    local file system the watcher covers (known after the first search; False before)."""
-    if collection.base_dir is None:
-        return True
-    check = _kept_stale_check(collection)
-    return check is not None and check.local
-
-
-def _kept_stale_check(collection) -> StaleCheck | None:
-    """The open collection's source check, if one was made for its current base directory."""
-    check = collection.__dict__.get("_stale_check")
-    return check if check is not None and check.base_dir is collection.base_dir else None
-
-
-def _source_changed(collection, rows) -> list:
-    """For each hit row, whether its file's size or mtime differs from ingest's record: at
-    most one ``stat`` per distinct document of the hit list (cost in docs/performance.md)."""
-    check = _kept_stale_check(collection)
-    if check is None:
-        check = collection.__dict__["_stale_check"] = StaleCheck(collection.base_dir)
-    return check.changed_rows(rows)
 
 
 def run_search(collection, request: SearchRequest, access=None) -> SearchResponse:
@@ -348,16 +262,16 @@ def _bm25_page(collection, request, depth, started):
     if found is None:
         return None
     ids, scores = found
-    rows = hit_rows(collection, "id", ids) if ids else []
+    rows = collection.hit_rows("id", ids)
     if len(rows) != len(ids):
         return None  # the general path reports it
     timings = {"bm25_ms": round((time.perf_counter() - ranking) * 1000, 3)}
     offset = request.offset
     window = offset + request.top_k
     page = rows[offset:window]
-    hits = _hit_dicts(collection, zip([r[0] for r in page], scores[offset:window]), page, None,
-                      offset + 1)
-    lexical = _add_matches(collection, request.query, hits, [r[14] for r in page], None)
+    hits = _hit_dicts(collection, zip([r.chunk_id for r in page], scores[offset:window]), page,
+                      None, offset + 1)
+    lexical = _add_matches(collection, request.query, hits, [r.row_id for r in page], None)
     more = len(rows) > window and window <= MAX_OFFSET
     return _fields(collection, "bm25", request, window if more else None,
                    scores[0] if scores else None, hits, None, None, True, lexical, timings,
@@ -518,15 +432,12 @@ def _add_matches(collection, query: str, hits: list[dict], row_ids: list[int], a
     """Set each hit's ``matched_terms``; return whether any chunk the search may return
     contains a query word (``lexical_match``), looked up only when no hit does."""
     if hits:
-        with collection._lock:
-            matched = bm25.matched_terms(collection._conn, query, row_ids,
-                                         collection.postings_cache)
+        matched = collection.matched_terms(query, row_ids)
         for hit, words in zip(hits, matched):
             hit["matched_terms"] = words
         if any(matched):
             return True
-    with collection._lock:
-        rows = bm25.term_rows(collection._conn, query, collection.postings_cache)
+    rows = collection.term_rows(query)
     if allowed is None:
         return any(r.size for r in rows)
     return any(r.size and allowed.mask(r.astype(np.int64)).any() for r in rows)

@@ -144,8 +144,8 @@ class StaleCheck:
         return out
 
     def changed_rows(self, rows) -> list:
-        """:meth:`changed` for a search's hit rows (document id, source, recorded size and
-        mtime at 1, 2, 12 and 13, chunk row id at 14), one answer per row. A row's answer is
+        """:meth:`changed` for a search's hit rows (``collection.HitRow``: ``source``,
+        ``source_size``, ``source_mtime_ns``, ``row_id``), one answer per row. A row's answer is
         kept by its row id with the epoch and deadline of the ``stat`` it came from, so a
         search whose documents were all asked before reads one dict entry per hit; only rows
         without a kept answer go through :meth:`changed`."""
@@ -153,7 +153,8 @@ class StaleCheck:
             return [None] * len(rows)
         base = self._real_base()
         if base is None:
-            return [None if r[12] is None or r[13] is None else True for r in rows]
+            return [None if r.source_size is None or r.source_mtime_ns is None else True
+                    for r in rows]
         watcher = _watcher() if self._local else None
         epoch = watcher.poll() if watcher is not None else None  # before any answer is used
         now = time.monotonic()
@@ -161,14 +162,14 @@ class StaleCheck:
         out = []
         rest = None
         for i, r in enumerate(rows):
-            seen = kept.get(r[14])
+            seen = kept.get(r.row_id)
             # Kept answers carry the epoch they were read in (never None: without a watcher
             # nothing is kept), so a None epoch always takes the slow path.
             if seen is not None and seen[1] == epoch and now < seen[2]:
                 out.append(seen[0])
             else:
                 out.append(None)  # nothing recorded at ingest, or its place: answered below
-                if r[12] is None or r[13] is None:
+                if r.source_size is None or r.source_mtime_ns is None:
                     continue
                 if rest is None:
                     rest = []
@@ -178,13 +179,15 @@ class StaleCheck:
             if len(kept) >= self.PATHS_KEPT:
                 kept.clear()
             stats: list = []  # the same base, watcher, epoch and time as the kept answers above
-            answers = self._answers(base, watcher, epoch, now, [(r[2], r[12], r[13]) for r in asked], stats)
+            answers = self._answers(base, watcher, epoch, now,
+                                    [(r.source, r.source_size, r.source_mtime_ns) for r in asked],
+                                    stats)
             for i, r, answer, seen in zip(rest, asked, answers, stats):
                 out[i] = answer
                 # Kept by its path: kept by row as long, with the epoch of the stat it came
                 # from (not of a later one another thread made after a change).
                 if seen is not None:
-                    kept[r[14]] = (answer, seen[1], seen[2])
+                    kept[r.row_id] = (answer, seen[1], seen[2])
         return out
 
 
