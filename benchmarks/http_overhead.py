@@ -287,7 +287,7 @@ def in_process(index: Path, name: str, mode: str, queries: list[str], total: int
 
     from datasette.app import Datasette
 
-    from groundkit_datasette.surfaces import mcp_server
+    from groundkit_datasette.surfaces import mcp_http
 
     for logger in ("httpx", "groundkit", "groundkit.access", "mcp"):  # a line a request would be timed too
         logging.getLogger(logger).setLevel(logging.WARNING)
@@ -301,7 +301,7 @@ def in_process(index: Path, name: str, mode: str, queries: list[str], total: int
         p50s = {label: [] for label, *_ in cases}
         for k, n in enumerate((len(queries),) + (total,) * passes):  # the first pass warms up
             for label, request, direct in cases:
-                mcp_server.DIRECT_CALLS = direct
+                mcp_http.DIRECT_CALLS = direct
                 lat = []
                 for i in range(n):
                     method, path, body, headers = request(queries[i % len(queries)])
@@ -311,7 +311,7 @@ def in_process(index: Path, name: str, mode: str, queries: list[str], total: int
                     assert r.status_code == 200 and b"hits" in r.content, r.text[:200]
                 if k > 0:
                     p50s[label].append(c.percentile(lat, 0.5))
-        mcp_server.DIRECT_CALLS = True
+        mcp_http.DIRECT_CALLS = True
         return {label: statistics.median(v) for label, v in p50s.items()}
 
     medians = asyncio.run(run())

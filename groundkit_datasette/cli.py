@@ -492,7 +492,7 @@ def collections(index_dir, as_json):
 def mcp(index_dir, base_dir, metadata, as_user, groups):
     """Serve the collections as MCP tools over stdio (for Claude Desktop, IDEs and other clients)."""
     # stdout carries JSON-RPC frames only: claim it before anything else can write to it.
-    from .surfaces.mcp_server import claim_stdout
+    from .surfaces.mcp_stdio import claim_stdout
 
     wire = claim_stdout()
     import asyncio
@@ -501,7 +501,7 @@ def mcp(index_dir, base_dir, metadata, as_user, groups):
     from datasette.app import Datasette
     from datasette.utils import BadMetadataError, parse_metadata
 
-    from .surfaces.mcp_server import run_stdio
+    from .surfaces.mcp_stdio import run_stdio
 
     try:
         config = dict(parse_metadata(metadata.read()) or {}) if metadata is not None else {}

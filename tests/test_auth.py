@@ -28,7 +28,7 @@ from groundkit_datasette.security.boundary import authenticator_for
 from groundkit_datasette.surfaces.service import settings_for
 from groundkit_datasette.security.auth import hash_token
 from groundkit_datasette.indexing.ingest import ingest
-from groundkit_datasette.surfaces.mcp_server import input_schema
+from groundkit_datasette.surfaces.mcp_schema import input_schema
 from groundkit_datasette.surfaces.tools import all_tools
 
 ISSUER = "https://login.test/realms/acme"

@@ -12,7 +12,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from groundkit_datasette.surfaces.datasette_mcp_bridge import PREFIX
 from groundkit_datasette.indexing.ingest import ingest
-from groundkit_datasette.surfaces.mcp_server import input_schema, output_schema
+from groundkit_datasette.surfaces.mcp_schema import input_schema, output_schema
 from groundkit_datasette.surfaces.tools import all_tools
 
 from .conftest import snapshot, write_corpus

@@ -28,9 +28,8 @@ from pydantic import BaseModel, ConfigDict
 from groundkit_datasette import registry as gk_registry
 from groundkit_datasette.hookspecs import hookimpl
 from groundkit_datasette.indexing.ingest import ingest
-from groundkit_datasette.surfaces.mcp_server import (
-    ERROR_META_KEY, STATUS_META_KEY, input_schema, output_schema,
-)
+from groundkit_datasette.surfaces.mcp_schema import input_schema, output_schema
+from groundkit_datasette.surfaces.mcp_server import ERROR_META_KEY, STATUS_META_KEY
 from groundkit_datasette.retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K
 from groundkit_datasette.surfaces.tools import Tool, all_tools
 

@@ -10,7 +10,7 @@ import json
 import pytest
 from datasette.app import Datasette
 
-from groundkit_datasette.surfaces import mcp_direct, mcp_server
+from groundkit_datasette.surfaces import mcp_direct, mcp_http
 
 from .test_mcp import ERROR_CALLS, METADATA, SUCCESS_CALLS, built, served  # noqa: F401 (fixtures)
 
@@ -137,7 +137,7 @@ async def test_the_direct_answer_is_the_sdks(app, taken, monkeypatch, label, hea
     ours = await post(app, headers, message)
     assert taken == [True] if direct else True not in taken  # (a list of params is refused before)
     answered = list(taken)
-    monkeypatch.setattr(mcp_server, "DIRECT_CALLS", False)
+    monkeypatch.setattr(mcp_http, "DIRECT_CALLS", False)
     sdk = await post(app, headers, message)
     assert taken == answered  # the oracle did not go through the direct path
     assert normalized(ours) == normalized(sdk)
@@ -155,7 +155,7 @@ async def test_the_direct_answer_carries_the_callers_actor(app, taken, monkeypat
     assert taken == [True, True]
     assert ours.json()["result"]["structuredContent"]["collection"] == "private"
     assert anonymous.json()["result"]["isError"] is True
-    monkeypatch.setattr(mcp_server, "DIRECT_CALLS", False)
+    monkeypatch.setattr(mcp_http, "DIRECT_CALLS", False)
     assert normalized(await post(app, HEADERS, message, cookies)) == normalized(ours)
 
 

@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 from groundkit_datasette.surfaces.datasette_mcp_bridge import PREFIX
-from groundkit_datasette.surfaces.mcp_server import ERROR_META_KEY, STATUS_META_KEY, input_schema, output_schema
+from groundkit_datasette.surfaces.mcp_schema import input_schema, output_schema
+from groundkit_datasette.surfaces.mcp_server import ERROR_META_KEY, STATUS_META_KEY
 from groundkit_datasette.surfaces.tools import all_tools
 
 from .conftest import snapshot

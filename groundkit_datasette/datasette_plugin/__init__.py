@@ -35,7 +35,7 @@ log = logging.getLogger("groundkit")
 def routes_for(tools) -> list[tuple[str, object]]:
     """(regex, view) for every JSON and HTML route in the table and its pages' assets, the MCP
     endpoint, and the two routes that describe the API rather than call it (OpenAPI, health)."""
-    from ..surfaces.mcp_server import mcp_http_view
+    from ..surfaces.mcp_http import mcp_http_view
     from ..surfaces.pages import html_view
 
     routes = []

@@ -2,9 +2,10 @@
 
 datasette-mcp calls the ``register_mcp_tools(datasette, mcp)`` hook with its
 ``MCPServer``; every row of ``all_tools()`` is added there as
-``groundkit_<name>``, with the schemas, results and errors of our own MCP server
-(``mcp_server.py``). Without datasette-mcp nobody calls the hook: pluggy keeps an
-implementation that has no spec and never runs it, and nothing here imports the SDK.
+``groundkit_<name>``, with the schemas (``mcp_schema.py``), results and errors
+(``mcp_server.py``) of our own MCP server. Without datasette-mcp nobody calls the hook:
+pluggy keeps an implementation that has no spec and never runs it, and nothing here
+imports the SDK.
 """
 
 # No ``from __future__ import annotations``: the SDK reads the handler's annotations,
@@ -94,7 +95,7 @@ def add_tool(mcp, datasette, tool) -> None:
     """Add one table tool to datasette-mcp's ``MCPServer`` as ``groundkit_<name>``."""
     from mcp.server.mcpserver.utilities.func_metadata import FuncMetadata
 
-    from .mcp_server import READ_ONLY, input_schema, output_schema
+    from .mcp_schema import READ_ONLY, input_schema, output_schema
 
     name = PREFIX + tool.name
     manager = mcp._tool_manager  # no public MCPServer API takes a ready-made schema
