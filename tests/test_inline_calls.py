@@ -1,4 +1,5 @@
-"""Brief calls run on the event loop, slow ones in a worker thread (surfaces/inline_calls.py)."""
+"""Bounded BM25 searches run on the event loop, every other call in a worker thread, by a
+fixed rule on the request and the version (surfaces/inline_calls.py, adr/0058)."""
 
 import asyncio
 import threading
@@ -9,58 +10,29 @@ import pytest
 from datasette.app import Datasette
 
 from groundkit_datasette.indexing.ingest import ingest
-from groundkit_datasette.surfaces import inline_calls
 from groundkit_datasette.surfaces.inline_calls import InlineCalls
 
 from .conftest import write_corpus
 
 
-def where():
-    return threading.get_ident()
-
-
-async def test_a_brief_call_moves_to_the_loop_after_its_warm_runs_and_a_slow_one_moves_back():
+async def test_a_call_given_a_key_runs_on_the_loop_and_its_error_is_raised_there():
     calls = InlineCalls()
     loop_thread = threading.get_ident()
-    first = [await calls.run("k", where) for _ in range(inline_calls.WARM_RUNS)]
-    assert loop_thread not in first  # timed in threads while the pages may be cold
-    assert await calls.run("k", where) == loop_thread
-
-    def slow():
-        time.sleep(0.01)
-        return where()
-
-    assert await calls.run("k", slow) == loop_thread  # it was brief until this run said otherwise
-    assert await calls.run("k", where) != loop_thread  # one slow run sends the call to threads
-    for _ in range(10):  # quick runs in the thread bring it back
-        await calls.run("k", where)
-    assert await calls.run("k", where) == loop_thread
-    assert calls.brief("k") and not calls.brief("another key")
-
-
-async def test_an_error_is_raised_where_the_call_ran_and_still_counts_as_a_run():
-    calls = InlineCalls()
+    assert await calls.run("k", threading.get_ident) == loop_thread
 
     def fails():
         raise ValueError("no")
 
-    for _ in range(inline_calls.WARM_RUNS + 2):
-        try:
-            await calls.run("k", fails)
-        except ValueError:
-            pass
-        else:
-            raise AssertionError("the error was swallowed")
-    assert calls.brief("k")
+    with pytest.raises(ValueError):
+        await calls.run("k", fails)
+    assert await calls.run("k", threading.get_ident) == loop_thread  # nothing was learnt
 
 
 @pytest.fixture
 def ran_in(monkeypatch):
-    """The thread each search ran in. The line is raised to 50 ms: the wiring is under test,
-    not the line, which this slow machine's searches may cross."""
+    """The thread each search ran in."""
     from groundkit_datasette.retrieval import search as search_module
 
-    monkeypatch.setattr(inline_calls, "BRIEF_SECONDS", 0.05)
     seen = []
     real = search_module.search_plain
 
@@ -73,8 +45,8 @@ def ran_in(monkeypatch):
 
 
 async def test_bm25_searches_of_a_small_collection_run_on_the_loop_and_answer_alike(tmp_path, monkeypatch, ran_in):
-    """Through a real Datasette app: the same answers whether a search ran in a thread or on
-    the loop, and the loop does not wait on a search that became slow."""
+    """Through a real Datasette app: the same answers on the loop and in a thread, and the
+    loop does not wait on a search outside the bound, however slow it is."""
     from groundkit_datasette.retrieval import search as search_module
 
     corpus = write_corpus(tmp_path / "corpus")
@@ -83,7 +55,9 @@ async def test_bm25_searches_of_a_small_collection_run_on_the_loop_and_answer_al
     recording = search_module.search_plain
     loop_thread = threading.get_ident()
     bodies = []
-    for _ in range(inline_calls.WARM_RUNS + 2):
+    # The first search learns whether the sources are local (the reader's check), then
+    # every search of this shape runs on the loop.
+    for _ in range(5):
         r = await ds.client.post("/energy/-/groundkit/search.json", json={"query": "turbines"})
         assert r.status_code == 200
         body = r.json()
@@ -91,14 +65,17 @@ async def test_bm25_searches_of_a_small_collection_run_on_the_loop_and_answer_al
         body.pop("request_id", None)
         bodies.append(body)
     assert all(b == bodies[0] for b in bodies) and bodies[0]["hits"]
-    assert loop_thread not in ran_in[: inline_calls.WARM_RUNS] and ran_in[-1] == loop_thread
+    assert ran_in[1:] == [loop_thread] * 4
+    r = await ds.client.post("/energy/-/groundkit/search.json", json={"query": "turbines", "top_k": 21})
+    assert ran_in[-1] != loop_thread
+    in_thread = r.json()
+    assert in_thread["hits"][: len(bodies[0]["hits"])] == bodies[0]["hits"]
 
     def slow(*args, **kwargs):
         time.sleep(0.2)
         return recording(*args, **kwargs)
 
     monkeypatch.setattr(search_module, "search_plain", slow)
-    await ds.client.post("/energy/-/groundkit/search.json", json={"query": "turbines"})  # on the loop, once
     ticks = 0
 
     async def ticker():
@@ -108,7 +85,7 @@ async def test_bm25_searches_of_a_small_collection_run_on_the_loop_and_answer_al
             ticks += 1
 
     task = asyncio.create_task(ticker())
-    r = await ds.client.post("/energy/-/groundkit/search.json", json={"query": "turbines"})
+    r = await ds.client.post("/energy/-/groundkit/search.json", json={"query": "turbines " * 10})
     task.cancel()
     assert r.status_code == 200 and ran_in[-1] != loop_thread
     assert ticks >= 3  # the loop ran other work while the slow search ran in a thread
@@ -120,15 +97,20 @@ def _request(**fields):
     return SearchRequest(**{"query": "wind turbines", "mode": "bm25", **fields})
 
 
+class _Identity:
+    def __init__(self, size):
+        self.size = size
+
+
 class _Col:
-    def __init__(self, embedding=None):
-        self.embedding, self.path, self.identity = embedding, "/x/energy.sqlite3", ("dev", 1)
+    def __init__(self, embedding=None, size=1 << 20):
+        self.embedding, self.path, self.identity = embedding, "/x/energy.sqlite3", _Identity(size)
 
 
-def test_only_a_bounded_bm25_shape_may_run_in_place():
-    """An average says nothing about the next request: a long query, a deep or wide page, a
-    filter, a model or a network mount always goes to a thread, however brief the others were."""
-    from groundkit_datasette.surfaces.inline_calls import MAX_HITS, MAX_QUERY_CHARS, search_key
+def test_only_a_bounded_bm25_shape_of_a_bounded_file_runs_in_place():
+    """A long query, a deep or wide page, a filter, a model, a network mount or a large
+    collection file always goes to a thread."""
+    from groundkit_datasette.surfaces.inline_calls import MAX_FILE_BYTES, MAX_HITS, MAX_QUERY_CHARS, search_key
 
     col = _Col()
     assert search_key(col, _request(), True) is not None
@@ -142,9 +124,11 @@ def test_only_a_bounded_bm25_shape_may_run_in_place():
     assert [search_key(col, r, True) for r in refused] == [None] * len(refused)
     assert search_key(col, _request(), False) is None  # source checks on a network mount
     assert search_key(_Col(embedding=object()), _request(mode=None), True) is None  # auto is hybrid
+    assert search_key(_Col(size=MAX_FILE_BYTES + 1), _request(), True) is None
+    assert search_key(_Col(size=MAX_FILE_BYTES), _request(), True) is not None
 
 
-async def test_a_long_query_after_brief_ones_runs_in_a_thread_and_a_new_version_warms_again(tmp_path, ran_in):
+async def test_where_a_search_runs_does_not_depend_on_what_ran_before(tmp_path, ran_in):
     corpus = write_corpus(tmp_path / "corpus")
     index = tmp_path / "index"
     ingest([corpus], collection="energy", index_dir=index, embedder="none")
@@ -156,11 +140,11 @@ async def test_a_long_query_after_brief_ones_runs_in_a_thread_and_a_new_version_
         assert r.status_code == 200
         return ran_in[-1] == loop_thread
 
-    # The first search learns whether the sources are local; the warm runs follow, in threads.
-    cold = inline_calls.WARM_RUNS + 1
-    assert [await search("turbines") for _ in range(cold + 1)] == [False] * cold + [True]
+    await search("turbines")  # the reader learns whether the sources are local
+    assert [await search("turbines") for _ in range(3)] == [True] * 3
     assert await search("turbines " * 10) is False  # past MAX_QUERY_CHARS
     assert await search("turbines") is True
     (corpus / "tides.md").write_text("# Tides\n\nLagoons store energy.\n")
     ingest([corpus], collection="energy", index_dir=index, embedder="none")  # a new version
-    assert [await search("turbines") for _ in range(cold + 1)] == [False] * cold + [True]
+    await search("turbines")
+    assert [await search("turbines") for _ in range(3)] == [True] * 3
