@@ -98,7 +98,9 @@ def add_tool(mcp, datasette, tool) -> None:
     from .mcp_schema import READ_ONLY, input_schema, output_schema
 
     name = PREFIX + tool.name
-    manager = mcp._tool_manager  # no public MCPServer API takes a ready-made schema
+    # Private, and pinned to the minor tested (pyproject.toml): in mcp 2.3 no public MCPServer
+    # API takes a ready-made schema or hands back a registered tool (adr/0058).
+    manager = mcp._tool_manager
     if manager.get_tool(name) is not None:
         log.warning("datasette-mcp already has a tool %r; groundkit's is not added", name)
         return
