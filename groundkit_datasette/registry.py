@@ -16,37 +16,47 @@ _entry_points_loaded = False
 # The embedder used when neither the user nor the collection names one.
 DEFAULT_EMBEDDER = "minilm"
 
-_BUILTINS = ("groundkit_datasette.embedding.embedders", "groundkit_datasette.retrieval.rerankers", "groundkit_datasette.retrieval.modes", "groundkit_datasette.indexing.formats.builtin")
-
+# Modules holding built-in hook implementations, in the order they declared themselves
+# (``add_builtins``). The registry imports none of them: each is imported by the code that
+# looks its hook up, with an import statement the layers contract sees (adr/0060).
+_builtins: list = []
 
 _builtins_lock = threading.Lock()  # a query model warming in a thread may get here first
 
 
+def add_builtins(module) -> None:
+    """Declare ``module``'s hook implementations built in: registered on the next lookup,
+    after installed plugins, as every built-in is (so a plugin's name wins over a built-in's
+    where the hook keeps the last)."""
+    if module not in _builtins:
+        _builtins.append(module)  # no lock: an entry point's import may declare during the scan
+
+
 def _load_builtins():
+    """Installed plugins (``groundkit`` entry points, once per process), then every declared
+    built-in not registered yet; every lookup calls this first."""
     global _entry_points_loaded
-    import importlib
 
     with _builtins_lock:
         if not _entry_points_loaded:
             pm.load_setuptools_entrypoints("groundkit")
             _entry_points_loaded = True
-        for name in _BUILTINS:
-            mod = importlib.import_module(name)
-            if not pm.is_registered(mod):
-                pm.register(mod, name)
+        for module in tuple(_builtins):
+            if not pm.is_registered(module):
+                pm.register(module, module.__name__)
 
 
 class LazyFactory:
     """A registered class imported when first built or its options checked: for built-ins
-    whose imports (the HTTP stack) cost more than a query and most processes never need."""
+    whose imports (the HTTP stack) cost more than a query and most processes never need.
+    ``load`` returns the class; it imports it with an ordinary import statement inside the
+    function, so the layers contract sees that import."""
 
-    def __init__(self, module: str, name: str):
-        self._module, self._name = module, name
+    def __init__(self, load):
+        self._load = load
 
     def _target(self):
-        import importlib
-
-        return getattr(importlib.import_module(self._module), self._name)
+        return self._load()
 
     @property
     def __signature__(self):

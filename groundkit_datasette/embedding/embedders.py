@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+import sys
 import threading
 from concurrent.futures import Future
 from pathlib import Path
@@ -18,23 +19,10 @@ import numpy as np
 from .. import registry
 from ..errors import EmbedderError
 from ..hookspecs import hookimpl
+from .base import Embedder, check_texts as _check_texts, l2_normalise as _l2_normalise
 from .onnx_cpu import cpu_session, pending_session, usable_threads as _usable_threads
 
 from ..registry import DEFAULT_EMBEDDER  # noqa: F401  (re-exported)
-
-
-class Embedder:
-    """What every embedder provides; rows of ``embed`` are L2-normalised float32."""
-
-    provider: str
-    model_name: str
-    dimensions: int
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        raise NotImplementedError
-
-    def embed_query(self, text: str) -> np.ndarray:
-        return self.embed([text])[0]
 
 
 def get_embedder(name: str = DEFAULT_EMBEDDER, **options: Any) -> Embedder:
@@ -54,35 +42,23 @@ def first_embedder(name: str, attempts: list[dict]) -> tuple[Embedder, dict]:
     raise EmbedderError("no options to build the embedder with")
 
 
+def _openai_compatible():
+    # Imported on first use: the HTTP stack costs more than a query (adr/0041).
+    from .openai_compat import OpenAICompatibleEmbedder
+
+    return OpenAICompatibleEmbedder
+
+
 @hookimpl
 def register_embedders(register):
     register(DEFAULT_EMBEDDER, MiniLMEmbedder)
-    register("openai", registry.LazyFactory(f"{__package__}.openai_compat", "OpenAICompatibleEmbedder"))
+    register("openai", registry.LazyFactory(_openai_compatible))
 
 
 def __getattr__(name: str):
     if name == "OpenAICompatibleEmbedder":  # the old import path keeps working
-        from .openai_compat import OpenAICompatibleEmbedder
-
-        return OpenAICompatibleEmbedder
+        return _openai_compatible()
     raise AttributeError(name)
-
-
-def _check_texts(texts: Sequence[str]) -> list[str]:
-    # A bare string is a Sequence[str] too, and would embed one character per row.
-    if isinstance(texts, (str, bytes)):
-        raise EmbedderError("embed() takes a list of strings, not a single string")
-    texts = list(texts)
-    for text in texts:
-        if not isinstance(text, str):
-            raise EmbedderError("embed() takes a list of strings")
-    return texts
-
-
-def _l2_normalise(matrix: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
-    # A zero row stays zero instead of becoming NaN.
-    return (matrix / np.maximum(norms, 1e-12)).astype(np.float32, copy=False)
 
 
 # --------------------------------------------------------------------------
@@ -376,3 +352,7 @@ class MiniLMEmbedder(Embedder):
         if pooled.shape[1] != self.dimensions:
             raise EmbedderError("the MiniLM model returned vectors of an unexpected size")
         return _l2_normalise(pooled)
+
+
+# The built-in embedders, registered on the first lookup after installed plugins (registry.add_builtins).
+registry.add_builtins(sys.modules[__name__])

@@ -1,5 +1,6 @@
 """The OpenAI-compatible embedding client, in its own module so that loading the built-in
-MiniLM never imports the HTTP stack (``embedders.py`` imports this on first use)."""
+MiniLM never imports the HTTP stack (``embedders.py`` imports this on first use). It imports
+``base``, never ``embedders``, so the two do not import each other."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import numpy as np
 
 from ..errors import EmbedderError
 from ..security import outbound
-from .embedders import Embedder, _check_texts, _l2_normalise
+from .base import Embedder, check_texts, l2_normalise
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -42,8 +43,6 @@ class OpenAICompatibleEmbedder(outbound.GuardedHTTPService, Embedder):
         ca_bundle: str | None = None,
         resolver=None,
     ):
-        from ..security import outbound
-
         if not isinstance(model, str) or not model.strip():
             raise EmbedderError("model must be a non-empty string")
         if dimensions is not None and (not isinstance(dimensions, int) or dimensions < 1):
@@ -72,7 +71,7 @@ class OpenAICompatibleEmbedder(outbound.GuardedHTTPService, Embedder):
         return self._dimensions
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
-        texts = _check_texts(texts)
+        texts = check_texts(texts)
         if not texts:
             return np.zeros((0, self.dimensions), dtype=np.float32)
         parts = [self._embed_batch(texts[i : i + self.batch_size]) for i in range(0, len(texts), self.batch_size)]
@@ -110,4 +109,4 @@ class OpenAICompatibleEmbedder(outbound.GuardedHTTPService, Embedder):
             raise EmbedderError(
                 f"embedding endpoint returned {width}-dimensional vectors; expected {self._dimensions}"
             )
-        return _l2_normalise(matrix)
+        return l2_normalise(matrix)

@@ -1,5 +1,6 @@
 """The HTTP reranker client, in its own module so that a process that never reranks over
-HTTP never imports the HTTP stack (``rerankers.py`` registers it lazily)."""
+HTTP never imports the HTTP stack (``rerankers.py`` registers it lazily). It imports
+``reranker_base``, never ``rerankers``, so the two do not import each other."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any, Sequence
 
 from ..errors import RerankerError
 from ..security import outbound
-from .rerankers import _check_inputs, _positive_int
+from .reranker_base import check_inputs, positive_int
 
 
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -50,8 +51,6 @@ class HttpReranker(outbound.GuardedHTTPService):
         ca_bundle: str | None = None,
         resolver=None,
     ):
-        from ..security import outbound
-
         if flavor not in _FLAVORS:
             raise RerankerError(f"flavor must be one of: {', '.join(_FLAVORS)}")
         if model is not None and (not isinstance(model, str) or not model.strip()):
@@ -63,7 +62,7 @@ class HttpReranker(outbound.GuardedHTTPService):
         if not isinstance(allow_private, bool):
             raise RerankerError("allow_private must be true or false")
         # TEI refuses more than 32 texts per request by default.
-        self.batch_size = _positive_int(batch_size, "batch_size")
+        self.batch_size = positive_int(batch_size, "batch_size")
         self._endpoint = outbound.validate_endpoint(base_url, allow_private=allow_private)
         self.flavor = flavor
         self.model = model
@@ -75,7 +74,7 @@ class HttpReranker(outbound.GuardedHTTPService):
         return f"HttpReranker(flavor={self.flavor!r}, model_name={self.model_name!r})"
 
     def score(self, query: str, texts: Sequence[str]) -> list[float]:
-        texts = _check_inputs(query, texts)
+        texts = check_inputs(query, texts)
         scores: list[float] = []
         for start in range(0, len(texts), self.batch_size):
             scores.extend(self._score_batch(query, texts[start : start + self.batch_size]))

@@ -9,6 +9,7 @@ never has to apply permissions itself.
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -126,7 +127,7 @@ def register_search_modes(register):
 
 def registered_modes() -> dict[str, SearchMode]:
     """Every registered mode by name: the built-ins first, then plugins' in load order."""
-    from ..registry import pm, _load_builtins
+    from ..registry import _load_builtins, add_builtins, pm
 
     global _registered
     # Every search asks (twice): the answer is kept while the hook's implementations stay
@@ -134,6 +135,7 @@ def registered_modes() -> dict[str, SearchMode]:
     known = _registered
     if known is not None and known[0] == tuple(pm.hook.register_search_modes.get_hookimpls()):
         return dict(known[1])
+    add_builtins(sys.modules[__name__])
     _load_builtins()
     impls = tuple(pm.hook.register_search_modes.get_hookimpls())
     found: dict[str, SearchMode] = {}

@@ -8,9 +8,10 @@ comparable within one ``score`` call.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from pathlib import Path
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -18,18 +19,7 @@ from .. import registry
 from ..errors import RerankerError
 from ..hookspecs import hookimpl
 from ..embedding.onnx_cpu import cpu_session, usable_threads as _usable_threads
-
-
-@runtime_checkable
-class Reranker(Protocol):
-    """What every reranker provides."""
-
-    name: str  # the name it is registered under
-    model_name: str
-
-    def score(self, query: str, texts: Sequence[str]) -> list[float]:
-        """One score per text, in the order given; higher is more relevant."""
-        ...
+from .reranker_base import Reranker, check_inputs as _check_inputs, positive_int as _positive_int
 
 
 def get_reranker(name: str, **options: Any) -> Reranker:
@@ -37,29 +27,17 @@ def get_reranker(name: str, **options: Any) -> Reranker:
     return registry.build("register_rerankers", "reranker", name, options, RerankerError)
 
 
+def _http_reranker():
+    # Imported on first use: the HTTP stack costs more than a query (adr/0041).
+    from .http_reranker import HttpReranker
+
+    return HttpReranker
+
+
 @hookimpl
 def register_rerankers(register):
     register("cross-encoder", CrossEncoderReranker)
-    register("http", registry.LazyFactory(f"{__package__}.http_reranker", "HttpReranker"))
-
-
-def _check_inputs(query: str, texts: Sequence[str]) -> list[str]:
-    if not isinstance(query, str):
-        raise RerankerError("the rerank query must be a string")
-    # A bare string is a Sequence[str] too, and would score one character per row.
-    if isinstance(texts, (str, bytes)):
-        raise RerankerError("score() takes a list of strings, not a single string")
-    texts = list(texts)
-    if not all(isinstance(t, str) for t in texts):
-        raise RerankerError("score() takes a list of strings")
-    return texts
-
-
-def _positive_int(value: Any, option: str, *, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (maximum and value > maximum):
-        limit = f" up to {maximum}" if maximum else ""
-        raise RerankerError(f"{option} must be a positive integer{limit}")
-    return value
+    register("http", registry.LazyFactory(_http_reranker))
 
 
 # --------------------------------------------------------------------------
@@ -217,7 +195,9 @@ def _pad_id(tokenizer) -> int:
 
 def __getattr__(name: str):
     if name == "HttpReranker":  # the old import path keeps working
-        from .http_reranker import HttpReranker
-
-        return HttpReranker
+        return _http_reranker()
     raise AttributeError(name)
+
+
+# The built-in rerankers, registered on the first lookup after installed plugins (registry.add_builtins).
+registry.add_builtins(sys.modules[__name__])
