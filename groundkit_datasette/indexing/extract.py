@@ -168,16 +168,20 @@ _table_cache: tuple[tuple, _Table] | None = None
 def _table() -> _Table:
     """The registered extractors, asked again only when the hook's implementations change (a
     plugin registered or removed since), as ``modes.registered_modes`` does."""
-    from ..registry import _load_builtins, pm
+    from ..registry import _load_builtins, add_builtins, pm
+    from .formats import builtin
 
     global _table_cache
     known = _table_cache
     if known is not None and known[0] == tuple(pm.hook.register_extractors.get_hookimpls()):
         return known[1]
+    add_builtins(builtin)
     _load_builtins()
     impls = tuple(pm.hook.register_extractors.get_hookimpls())
     table = _Table()
-    for impl in impls:  # in registration order: the built-ins first
+    # The built-ins first, then plugins in registration order: a conflict names the built-in
+    # first however the plugin was loaded.
+    for impl in sorted(impls, key=lambda impl: impl.plugin is not builtin):
         impl.function(register=lambda extractor, _owner=impl: table.add(extractor, _owner))
     _table_cache = (impls, table)
     return table
