@@ -168,12 +168,12 @@ def _worker(args) -> dict:
         seconds = time.perf_counter() - t
         return {"seconds": seconds, "ingest_cpu_seconds": time.process_time() - c0,
                 # Until the rename: ours then keeps a spare copy for the next run (adr/0002).
-                "published_seconds": getattr(indexer, "published_seconds", seconds),
+                "published_seconds": getattr(indexer, "published_seconds", None) or seconds,
                 "stages": getattr(indexer, "timings", {}),
                 "published": report.published,
                 "updated": report.updated, "chunks_embedded": report.chunks_embedded,
-                "postings": "rebuilt" if getattr(indexer, "postings_rebuilt", True) else "updated",
-                "ann": getattr(indexer, "ann_action", "-"),
+                "postings": "updated" if getattr(indexer, "postings_rebuilt", True) is False else "rebuilt",
+                "ann": getattr(indexer, "ann_action", None) or "-",
                 "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     raise SystemExit(f"unknown worker {kind}")
 

@@ -30,11 +30,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from groundkit_datasette.indexing import ingest as ingest_module
+from groundkit_datasette.indexing import document_writer
 from groundkit_datasette.indexing.cluster import (ClusterError, ClusterMap, Rejected, accept, process_batch,
                                                    tls_security, unpicklings_refused)
 from groundkit_datasette.indexing.extract import MAX_TEXT_CHARS
-from groundkit_datasette.indexing.ingest import Indexer, Outcome, _Job, _sha, prepare_document
+from groundkit_datasette.indexing.ingest import Indexer
+from groundkit_datasette.indexing.prepared import Job as _Job, Outcome, prepare_document, sha as _sha
 from groundkit_datasette.indexing.vectors import open_table
 
 PLUGINS = Path(__file__).parent / "plugins"
@@ -206,7 +207,7 @@ def frozen_clock(monkeypatch):
         datetime = Clock
         timezone = real_datetime.timezone
 
-    monkeypatch.setattr(ingest_module, "datetime", Module)
+    monkeypatch.setattr(document_writer, "datetime", Module)
 
 
 def vectors_of(index: Path, name: str) -> dict:

@@ -8,7 +8,8 @@ import sqlite3
 
 from datasette.app import Datasette
 
-from groundkit_datasette.indexing.ingest import MAX_REPORTED_FILES, ingest
+from groundkit_datasette.indexing.ingest import ingest
+from groundkit_datasette.indexing.report import MAX_REPORTED_FILES
 
 from .conftest import write_corpus
 from .test_mcp import json_call

@@ -493,6 +493,6 @@ def test_pdf_chunks_keep_their_page_numbers_and_verify(tmp_path, index_dir):
 def test_the_suffix_ingest_picks_an_extractor_by_is_the_paths_own(source):
     from pathlib import PurePosixPath
 
-    from groundkit_datasette.indexing.ingest import _suffix
+    from groundkit_datasette.indexing.prepared import source_suffix as _suffix
 
     assert _suffix(source) == PurePosixPath(source).suffix

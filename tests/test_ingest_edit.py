@@ -132,7 +132,7 @@ def test_the_spare_copy_is_used_and_a_reader_of_an_old_version_keeps_it_whole(tm
         (corpus / "doc00.txt").write_text(f"edit {n}: a harbour and a ferry\n")
         indexer = _indexer(corpus, index_dir)
         report = indexer.ingest([corpus / "doc00.txt"])
-        assert report.published and indexer._took_spare
+        assert report.published and indexer.workspace.took_spare
         assert len(_spares(index_dir)) == 1
         conn = schema.connect_readonly(live)
         assert conn.execute("SELECT count(*) FROM chunks").fetchone()[0] == conn.execute(
@@ -167,7 +167,7 @@ def test_a_spare_of_another_version_is_not_used(tmp_path, clustered):
     (corpus / "sub" / "doc01.txt").write_text("third version\n")
     indexer = _indexer(corpus, index_dir)
     indexer.ingest([corpus / "sub" / "doc01.txt"])
-    assert not indexer._took_spare
+    assert not indexer.workspace.took_spare
     assert _spares(index_dir) != stale and len(_spares(index_dir)) == 1
     conn = schema.connect_readonly(live)
     titles = dict(conn.execute("SELECT d.source, c.content FROM documents d JOIN chunks c USING (document_id) "
@@ -194,7 +194,7 @@ def test_a_spare_from_before_a_reboot_is_removed_unused(tmp_path, clustered):
     (corpus / "doc00.txt").write_text("after the reboot\n")
     indexer = _indexer(corpus, index_dir)
     indexer.ingest([corpus / "doc00.txt"])
-    assert not indexer._took_spare and not other.exists()
+    assert not indexer.workspace.took_spare and not other.exists()
     conn = schema.connect_readonly(index_dir / "ed.sqlite3")
     assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     conn.close()

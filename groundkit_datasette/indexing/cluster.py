@@ -43,8 +43,8 @@ from ..errors import InvalidRequest
 from .chunking import Chunk, chunk_text
 from .extract import (_PACKAGED, MAX_TEXT_CHARS, Skipped, extract_bytes, extractor_available,
                       source_class_for)
-from .ingest import (Outcome, _Prepared, _suffix, chunk_ids_for, document_id_for, embedding_text,
-                     prepared_from)
+from .prepared import (Outcome, Prepared, chunk_ids_for, document_id_for, embedding_text, prepared_from,
+                       source_suffix)
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def _extract_for_wire(source: str, file_hash: str, data: bytes, chunk_size: int,
     """One file's answer as plain data, and its chunks (for the embedding)."""
     head = {"source": source, "file_hash": file_hash}
     try:
-        extracted = extract_bytes(data, _suffix(source))
+        extracted = extract_bytes(data, source_suffix(source))
     except Skipped as skip:
         return {**head, "skipped": skip.reason}, []
     except Exception as exc:
@@ -243,7 +243,7 @@ class Rejected(Exception):
 
 def _expected_extractor(source: str) -> tuple[str | None, str | None]:
     """(source class, extractor name) this machine would use for ``source``: None, None if refused."""
-    suffix = _suffix(source)
+    suffix = source_suffix(source)
     source_class = source_class_for(suffix)
     if source_class is None:
         return None, None
@@ -284,7 +284,7 @@ def _chunks(text: str, wire, chunk_size: int, chunk_overlap: int) -> list[Chunk]
     return out
 
 
-def accept(job, answer, settings, have=(), dimensions: int | None = None) -> _Prepared | Outcome:
+def accept(job, answer, settings, have=(), dimensions: int | None = None) -> Prepared | Outcome:
     """The writer's document for ``job`` from a worker's ``answer``, or an Outcome.
 
     Source, document id, file hash, access list, size and mtime are the job's; the content hash,
@@ -415,8 +415,8 @@ class ClusterMap:
         return False
 
     def __call__(self, jobs, indexer, vectors):
-        embedder = getattr(indexer, "_resolved_embedder", None) if vectors is not None else None
-        settings = (indexer.chunk_size, indexer.chunk_overlap, getattr(indexer, "title_header", True),
+        embedder = indexer.bound_embedder if vectors is not None else None
+        settings = (indexer.chunk_size, indexer.chunk_overlap, indexer.title_header,
                     embedder, dict(indexer.embedder_options) if embedder else {})
         dimensions = vectors.dimensions if embedder else None
         target_bytes = self.batch_chunks * indexer.chunk_size

@@ -69,7 +69,7 @@ def watch(
     from the first ingest (a bad path, a busy collection) propagate: nothing is watched.
     :class:`BaseReplaced` ends the watch when the base's path names another directory.
     """
-    base, roots = indexer._resolve_inputs(list(paths))
+    base, roots = indexer.scanner.resolve_inputs(list(paths), indexer.base_dir)
     indexer.base_dir = base  # sources keep their names when a watched path vanishes
     try:
         tree = safe_read.Base(base)  # pinned for the whole watch (resolved this once)
@@ -101,7 +101,7 @@ def _watch(indexer: Indexer, tree: safe_read.Base, base: Path, roots: list[Path]
             parts = p.relative_to(base).parts
         except ValueError:
             return False
-        return not any(indexer._excluded("/".join(parts[: i + 1])) for i in range(len(parts)))
+        return not any(indexer.scanner.excluded("/".join(parts[: i + 1])) for i in range(len(parts)))
 
     def check_base() -> None:
         if tree.replaced():
@@ -195,8 +195,8 @@ def _watch(indexer: Indexer, tree: safe_read.Base, base: Path, roots: list[Path]
 def _clean_up(indexer: Indexer) -> None:
     """Remove a private copy an interrupted batch may have left (only while holding the lock)."""
     try:
-        with indexer._write_lock():
-            indexer._remove_stale_copies()
+        with indexer.workspace.lock():
+            indexer.workspace.remove_stale_copies()
     except (GroundkitError, OSError):
         pass  # another ingest holds the lock: the copies are its own
 
