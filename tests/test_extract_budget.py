@@ -532,7 +532,7 @@ def _workers() -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             if int(fields[1]) != os.getpid() or fields[0] == "Z":
                 continue
-            if b"isolation import _work" in (entry / "cmdline").read_bytes():
+            if b"isolation_workers import _work" in (entry / "cmdline").read_bytes():
                 found.append(int(entry.name))
         except (OSError, IndexError, ValueError):
             continue
