@@ -28,22 +28,6 @@ FETCH_EXIT = {"verified": 0, "drifted": FETCH_DRIFTED, "unresolvable": FETCH_UNR
 SUMMARY_FILES = 5
 
 
-# Commands that print one answer and exit.
-ONE_ANSWER_COMMANDS = frozenset({"search", "fetch-chunk", "status", "collections"})
-
-
-def _skip_collecting_at_exit() -> None:
-    """Let the interpreter's exit free the objects without first collecting their cycles
-    (pydantic's classes, numpy's): that collection took 0.15-0.25 s after a search's answer
-    was printed, for memory the operating system frees anyway (adr/0041). Files and
-    connections are closed by the commands themselves, not left to the collector."""
-    import atexit
-    import gc
-
-    atexit.unregister(gc.freeze)  # once, however many commands a process runs (the tests)
-    atexit.register(gc.freeze)
-
-
 def _fail(error: GroundkitError, code: int | None = None):
     click.echo(f"Error: {error}", err=True)
     sys.exit(code if code is not None else EXIT_USAGE if error.kind.startswith("invalid") else EXIT_ERROR)
@@ -82,8 +66,6 @@ def _explain(exc, model, names: dict[str, str]) -> str:
 def cli(ctx, verbose):
     """Ingest documents into collections and search and cite them."""
     ctx.ensure_object(dict)["verbose"] = verbose
-    if ctx.invoked_subcommand in ONE_ANSWER_COMMANDS:
-        _skip_collecting_at_exit()
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logging.basicConfig(level=level, stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
 
@@ -173,10 +155,8 @@ class _Progress:
               help="Accept a tcp:// cluster address: no encryption and no authentication, so "
                    "anyone who can reach the scheduler can run code on the workers and feed this "
                    "ingest lies. Only on a network you trust.")
-@click.option("--single-process", is_flag=True,
-              help="Extract and chunk every file in this process. By default a BM25-only run "
-                   "of 64 files or more does that in forked processes (one per CPU but one, "
-                   "which writes).")
+@click.option("--single-process", is_flag=True, hidden=True,
+              help="Accepted and ignored: every ingest extracts and chunks in this process (adr/0055).")
 @click.pass_context
 def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_option, chunk_size,
            chunk_overlap, exclude, group_readable, list_all, as_json, watch, debounce, cluster,
@@ -225,7 +205,6 @@ def ingest(ctx, paths, collection, index_dir, base_dir, embedder, embedder_optio
             progress=None if watch else _Progress(),
             group_readable=group_readable,
             map_stage=stage,
-            fork_map=not single_process,
         )
         if watch:
             _watch(indexer, paths, debounce, as_json)

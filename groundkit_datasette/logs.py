@@ -121,33 +121,14 @@ def install_stateless_mcp_filter() -> None:
         logger.addFilter(QuietStatelessTransport())
 
 
-_SQL_ERROR = "ERROR: conn="
-
-
-class _WithholdSqlErrorDetails:
-    """sys.stderr, with Datasette's failed-query line reduced to the fact that a query failed.
-
-    ``Database.execute`` writes the SQL, its parameters and SQLite's message in one write;
-    the parameters are the caller's ``?_search=`` or ``?sql=`` input and the message often
-    quotes it (``fts5: syntax error near "..."``). The caller still gets the error in the
-    response.
-    """
-
-    def __init__(self, stream):
-        self._stream = stream
-
-    def write(self, text):
-        if isinstance(text, str) and text.startswith(_SQL_ERROR):
-            text = "ERROR: a Datasette SQL query failed (SQL, parameters and message withheld)\n"
-        return self._stream.write(text)
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-def install_sql_error_redaction() -> None:
-    if not isinstance(sys.stderr, _WithholdSqlErrorDetails):
-        sys.stderr = _WithholdSqlErrorDetails(sys.stderr)
+def withhold_sql_error() -> None:
+    """Say on stderr that a Datasette query on a collection failed, where Datasette would print
+    its SQL, parameters and SQLite's message (``CollectionVersion.execute`` asks it not to).
+    The parameters are the caller's ``?_search=`` or ``?sql=`` input and the message often
+    quotes it (``fts5: syntax error near "..."``); the caller still gets the error in the
+    response."""
+    sys.stderr.write("ERROR: a Datasette SQL query failed (SQL, parameters and message withheld)\n")
+    sys.stderr.flush()
 
 
 def _stand_in_frame():

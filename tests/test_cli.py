@@ -567,10 +567,11 @@ cli(sys.argv[1:], prog_name="groundkit")
 """
 
 
-def test_one_answer_commands_exit_without_collecting_their_objects(many, tmp_path):
-    """search, fetch-chunk, status and collections print their answer and exit without the
-    interpreter first collecting every cycle it made (0.15-0.25 s after the answer, adr/0041);
-    ingest, which writes, exits as usual."""
+def test_no_command_changes_the_collectors_state(many, tmp_path):
+    """No command leaves the garbage collector frozen for the interpreter's exit (adr/0059): a
+    process that runs ``cli`` in-process keeps its own gc state. Skipping the exit collection
+    bought about 5% of ``groundkit search``'s cold start on the demo collection, under the 20%
+    that would keep a process-wide side effect."""
     docs, index = many
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 
@@ -581,11 +582,11 @@ def test_one_answer_commands_exit_without_collecting_their_objects(many, tmp_pat
         return out
 
     searched = child("search", "many", "turbine", "--index-dir", index, "--json")
-    assert "frozen at exit: True" in searched.stderr
+    assert "frozen at exit: False" in searched.stderr
     assert len(json.loads(searched.stdout)["hits"]) == 10
     chunk_id = json.loads(searched.stdout)["hits"][0]["chunk_id"]
-    assert "frozen at exit: True" in child("fetch-chunk", "many", chunk_id, "--index-dir", index).stderr
-    assert "frozen at exit: True" in child("status", "many", "--index-dir", index).stderr
-    assert "frozen at exit: True" in child("collections", "--index-dir", index).stderr
+    assert "frozen at exit: False" in child("fetch-chunk", "many", chunk_id, "--index-dir", index).stderr
+    assert "frozen at exit: False" in child("status", "many", "--index-dir", index).stderr
+    assert "frozen at exit: False" in child("collections", "--index-dir", index).stderr
     ingested = child("ingest", docs, "-c", "again", "--index-dir", tmp_path / "i2", "--embedder", "none")
     assert "frozen at exit: False" in ingested.stderr

@@ -682,3 +682,15 @@ async def test_pages_link_the_plugins_own_stylesheet_and_script(ds):
     css = re.search(r'href="([^"]*/groundkit\.css)"', page.text)
     assert css and re.search(r'src="[^"]*/groundkit\.js"', page.text)
     assert (await ds.client.get(css.group(1))).status_code == 200
+
+
+async def test_the_plugin_leaves_the_process_streams_and_collector_alone(ds):
+    # A failed query's text is withheld by the collection's own Database (the test above),
+    # not by replacing sys.stderr for everything else the process prints (adr/0059).
+    import gc
+
+    stderr, frozen = sys.stderr, gc.get_freeze_count()
+    await ds.invoke_startup()
+    assert (await ds.client.get("/energy/-/groundkit/search?q=sun")).status_code == 200
+    assert (await ds.client.get('/energy/chunks.json?_search=a"b&_searchmode=raw')).status_code == 400
+    assert sys.stderr is stderr and gc.get_freeze_count() == frozen

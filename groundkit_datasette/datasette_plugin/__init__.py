@@ -13,9 +13,7 @@ from pathlib import Path
 
 from datasette import hookimpl
 
-from ..logs import (
-    install_access_log_filter, install_call_log, install_sql_error_redaction, install_stateless_mcp_filter,
-)
+from ..logs import install_access_log_filter, install_call_log, install_stateless_mcp_filter
 from ..surfaces.json_api import (  # noqa: F401  (part of the plugin's face)
     HEALTH_ROUTE, MAX_BODY_BYTES, MCP_ROUTE, OPENAPI_ROUTE, health_view, json_view, openapi_view,
     read_body,
@@ -74,7 +72,6 @@ def startup(datasette):
     install_access_log_filter()
     install_call_log()
     install_stateless_mcp_filter()
-    install_sql_error_redaction()
     from ..security.boundary import startup_checks
 
     startup_checks(settings)

@@ -19,6 +19,7 @@ from datasette.database import Database
 from datasette.version import __version__ as DATASETTE_VERSION
 
 from ..indexing.schema import FileIdentity, connect_readonly, is_collection_file
+from ..logs import withhold_sql_error
 from ..retrieval.permissions import collection_has_acl
 from ..security.boundary import RAW_READ_ACTIONS
 
@@ -257,6 +258,20 @@ class CollectionVersion(Database):
             except Exception:  # closing is best effort, as in Datasette's own close()
                 pass
         self.closed.set()
+
+    async def execute(self, sql, params=None, truncate=False, custom_time_limit=None,
+                      page_size=None, log_sql_errors=True):
+        # Datasette prints a failed query's SQL, parameters and message to stderr unless asked
+        # not to (its public ``log_sql_errors``); a collection's failed query says only that
+        # it failed (logs.withhold_sql_error). The error itself still reaches the caller.
+        try:
+            return await super().execute(sql, params, truncate=truncate,
+                                         custom_time_limit=custom_time_limit,
+                                         page_size=page_size, log_sql_errors=False)
+        except (sqlite3.OperationalError, sqlite3.DatabaseError):
+            if log_sql_errors:
+                withhold_sql_error()
+            raise
 
     async def table_counts(self, limit=10):
         # Datasette counts an immutable database's tables once, at start-up, with an hour's
