@@ -4,6 +4,7 @@ its own Database, swapped in before a request is routed; on both Datasette lines
 import asyncio
 import sqlite3
 import time
+import types
 
 import pytest
 from datasette.app import Datasette
@@ -160,3 +161,34 @@ async def test_a_file_that_stops_being_a_collection_is_not_searched_from_the_ope
     os.replace(other, path)
     r = await ds.client.post(url, json=body)
     assert r.status_code == 404 and r.json()["error"] == "collection_not_found"
+
+
+async def test_a_versions_connections_are_prepared_by_datasette_on_each_line(corpus, index_dir):
+    """1.0 keeps read connections per Database object itself; on 0.65 ``CollectionVersion``
+    keeps them per version through its one private call (adr/0059). Either way each is
+    prepared as Datasette prepares its own: rows as ``sqlite3.Row`` and every plugin's
+    ``prepare_connection`` hook."""
+    from datasette import hookimpl
+    from datasette.plugins import pm
+
+    from groundkit_datasette.surfaces.datasette_compat import DATASETTE_1
+
+    @hookimpl
+    def prepare_connection(conn):
+        conn.create_function("groundkit_test_prepared", 0, lambda: 1)
+
+    assert ("execute_fn" in vars(CollectionVersion)) is (not DATASETTE_1)
+    ingest([corpus], collection="energy", index_dir=index_dir, embedder="none")
+    plugin = types.ModuleType("groundkit_test_prepared")  # a plugin as Datasette lists one
+    plugin.prepare_connection = prepare_connection
+    pm.register(plugin, name="groundkit_test_prepared")
+    try:
+        ds = serve(index_dir / "energy.sqlite3")
+        await ds.invoke_startup()
+        db = ds.get_database("energy")
+        assert isinstance(db, CollectionVersion)
+        assert await per_thread_answers(db, "SELECT groundkit_test_prepared()") == {1}
+        rows = await db.execute_fn(lambda conn: conn.execute("SELECT 1 AS one").fetchall())
+        assert isinstance(rows[0], sqlite3.Row) and rows[0]["one"] == 1
+    finally:
+        pm.unregister(plugin)

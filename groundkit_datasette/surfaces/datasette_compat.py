@@ -284,21 +284,25 @@ class CollectionVersion(Database):
     if not DATASETTE_1:
 
         async def execute_fn(self, fn):
-            """0.65 keeps one read connection per thread keyed by the database *name*, so a
-            new version under the same name would be answered by the old one's connections.
-            This keeps them per version object, as 1.0 does itself. Preparing a connection
-            (row factory, extensions, the ``prepare_connection`` hook) has no public entry
-            point on 0.65: ``_prepare_connection`` is the one private call left, on the
-            0.65 line only, whose 0.65.x releases are fixes only."""
-            if self.ds.executor is None:  # Datasette's non-threaded mode
-                return fn(self._prepared())
-            return await asyncio.get_running_loop().run_in_executor(
-                self.ds.executor, lambda: fn(self._prepared()))
+            """0.65 only: the one private Datasette call left (adr/0059).
 
-        def _prepared(self):
-            conn = getattr(self._threads, "conn", None)
-            if conn is None:
-                conn = self.connect()
-                self.ds._prepare_connection(conn, self.name)
-                self._threads.conn = conn
-            return conn
+            0.65's ``execute_fn`` keeps one read connection per thread keyed by the database
+            *name*, so a new version under the same name would be answered by the old file's
+            connections; this keeps them per version object, as 1.0 does itself. A connection
+            must be prepared as Datasette prepares its own (row factory, text factory, loaded
+            extensions, ``cache_size_kb``, every plugin's ``prepare_connection`` hook, crossdb),
+            and 0.65 has no public entry point for that: ``_prepare_connection`` is called.
+            0.65.x releases are fixes only, and tests/test_live_database.py checks it on
+            each line."""
+
+            def in_thread():
+                conn = getattr(self._threads, "conn", None)
+                if conn is None:
+                    conn = self.connect()
+                    self.ds._prepare_connection(conn, self.name)
+                    self._threads.conn = conn
+                return fn(conn)
+
+            if self.ds.executor is None:  # Datasette's non-threaded mode
+                return in_thread()
+            return await asyncio.get_running_loop().run_in_executor(self.ds.executor, in_thread)
