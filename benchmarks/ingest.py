@@ -76,21 +76,14 @@ def bm25_ingest(name: str, work: Path, repeats: int):
     ds = load_dataset(c.irdata(name))
     sources = work / f"{name}-sources"
     write_sources(ds.corpus(), sources)
-    # The default (the map stage forked when this process may fork, adr/0046) alternated with
-    # --single-process, so the two meet the same moments of a noisy machine.
-    rates, single, stages, chunks = [], [], set(), 0
+    rates, chunks = [], 0
     for _ in range(repeats):
-        for fork in (True, False):
-            index = work / f"bm25-{name}"
-            shutil.rmtree(index, ignore_errors=True)
-            report = Indexer(name, index_dir=index, base_dir=sources, embedder="none",
-                             fork_map=fork).ingest([sources])
-            chunks = report.chunks_written
-            (rates if fork else single).append(report.chunks_per_second)
-            if fork:
-                stages.add(report.map_stage)
-    return (index / f"{name}.sqlite3", sources, chunks, statistics.median(rates),
-            statistics.median(single), "/".join(sorted(stages)))
+        index = work / f"bm25-{name}"
+        shutil.rmtree(index, ignore_errors=True)
+        report = Indexer(name, index_dir=index, base_dir=sources, embedder="none").ingest([sources])
+        chunks = report.chunks_written
+        rates.append(report.chunks_per_second)
+    return index / f"{name}.sqlite3", sources, chunks, statistics.median(rates)
 
 
 def bm25s_rate(texts: list[str], repeats: int) -> float:
@@ -134,12 +127,7 @@ def _worker(args) -> dict:
         report = Indexer("debian-docs", index_dir=args[1], base_dir="/usr/share/doc", embedder="none",
                          progress=progress).ingest(_debian_files())
         end = time.perf_counter()
-        # With the map stage forked (adr/0046), its children's memory counts too: the writer's
-        # peak plus each child at the largest child's peak, an upper bound (they share pages).
-        children = 0
-        if getattr(report, "map_stage", "local") == "forked":
-            from groundkit_datasette.indexing import forked_map
-            children = forked_map.processes()
+        children = 0  # the map stage runs in this process (adr/0055)
         child_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         return {"seconds": end - t, "postings_seconds": end - marks.get("postings", end),
                 "chunks": report.chunks_written, "writer_rss_mb": c.peak_rss_mb(),
@@ -503,18 +491,15 @@ def main(argv=None):
     corpora = [n for n in args.corpora.split(",") if n]
     texts_by_corpus, sources_by_corpus = {}, {}
     rows = []
-    # Ours first: bm25s leaves tqdm's monitor thread running, and a process with a second
-    # thread keeps the map stage in process (adr/0046).
     ingested = [(name, bm25_ingest(name, work, args.repeats)) for name in corpora]
-    for name, (path, sources, chunks, ours, single, stage) in ingested:
+    for name, (path, sources, chunks, ours) in ingested:
         _ids, texts, _src = c.chunk_texts(path)
         texts_by_corpus[name], sources_by_corpus[name] = texts, sources
         ref = bm25s_rate(texts, args.repeats)
-        rows.append([name, chunks, ours, stage, single, c.ratio(ours, single), ref, c.ratio(ours, ref),
+        rows.append([name, chunks, ours, ref, c.ratio(ours, ref),
                      "met" if ours >= 5000 else "MISSED"])
     print("\n## BM25-only ingest (chunks/s; ours writes the collection, bm25s only builds in memory)")
-    print(c.table(["corpus", "chunks", "ours", "map stage", "ours, --single-process", "x single",
-                   "bm25s index", "ratio", "target >= 5000"], rows))
+    print(c.table(["corpus", "chunks", "ours", "bm25s index", "ratio", "target >= 5000"], rows))
 
     # The embedding comparison (ours against sentence-transformers at equal lengths) is
     # benchmarks/embed.py.

@@ -243,9 +243,9 @@ def test_zip_members_and_pdf_pages_are_bounded(tmp_path):
         extract_bytes(many_pages_pdf(10_001), ".pdf")
 
 
-def test_the_forked_map_stage_isolates_and_budgets_the_same(tmp_path, hostile_files):
-    """Past 64 files the map stage runs in forked children (adr/0046): they extract through
-    their own fork server and skip the same files for the same reasons."""
+def test_a_run_of_many_files_isolates_and_budgets_the_same(tmp_path, hostile_files):
+    """A run of over 64 files (once given to forked children, adr/0046; in process since
+    adr/0055) skips the same files for the same reasons."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     ordinary_files(corpus)
@@ -261,7 +261,7 @@ def test_the_forked_map_stage_isolates_and_budgets_the_same(tmp_path, hostile_fi
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.splitlines()[-1])
-    assert report["map_stage"] == "forked"
+    assert report["map_stage"] == "local"
     skipped = {s["source"]: s["reason"] for s in report["skipped_files"]}
     assert skipped == {"wide.xlsx": TEXT_BUDGET, "big.docx": TEXT_BUDGET, "long.pdf": PAGE_BUDGET}
     assert report["added"] == 74 and report["failed"] == 0

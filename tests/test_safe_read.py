@@ -208,7 +208,7 @@ def swap_after_walk(base: Path, swaps: dict, outside: Path, then=lambda: None):
 
 
 # Writes the secret into a FIFO once a reader opens it: a reader that followed the name would
-# get the text. A process, not a thread: the forked map stage only forks a single thread.
+# get the text.
 FEED_FIFO = """
 import os, sys
 try:
@@ -232,15 +232,7 @@ while True:
 """
 
 
-def forks_here() -> bool:
-    from groundkit_datasette.indexing import forked_map
-
-    return forked_map.cpus() > 1 and forked_map.fork_safe()
-
-
-@pytest.mark.parametrize("fork", [False, True], ids=["in-process", "forked-map"])
-def test_ingest_skips_files_swapped_between_walk_and_read(tmp_path, base, outside, fork):
-    # Enough files for the forked map stage (forked_map.MIN_FILES) when it is used.
+def test_ingest_skips_files_swapped_between_walk_and_read(tmp_path, base, outside):
     for i in range(80):
         (base / "sub" / f"pad{i:02d}.txt").write_text(f"padding document {i}\n")
     for name in ("link.txt", "fifo.txt", "devzero.txt", "device.txt"):
@@ -249,7 +241,6 @@ def test_ingest_skips_files_swapped_between_walk_and_read(tmp_path, base, outsid
     swaps = {"link.txt": "link-outside", "fifo.txt": "fifo", "devzero.txt": "link-dev-zero"}
     if os.geteuid() == 0:
         swaps["device.txt"] = "device"
-    forked = fork and forks_here()
     feeders = []
 
     def feed():
@@ -257,7 +248,7 @@ def test_ingest_skips_files_swapped_between_walk_and_read(tmp_path, base, outsid
 
     index = tmp_path / "index"
     try:
-        report = Indexer("swaps", index_dir=index, embedder="none", fork_map=fork,
+        report = Indexer("swaps", index_dir=index, embedder="none",
                          progress=swap_after_walk(base, swaps, outside, feed)).ingest([base])
     finally:
         for proc in feeders:  # a reader that never came: open the FIFO once to let it end
@@ -275,15 +266,14 @@ def test_ingest_skips_files_swapped_between_walk_and_read(tmp_path, base, outsid
         assert skipped["device.txt"] == "not a regular file"
     assert report.added == 2 + 80 + (0 if "device.txt" in swaps else 1)
     assert SECRET.split()[0] not in chunk_texts(index / "swaps.sqlite3")
-    assert report.map_stage == ("forked" if forked else "local")
+    assert report.map_stage == "local"
 
 
-@pytest.mark.parametrize("fork", [False, True], ids=["in-process", "forked-map"])
-def test_a_file_flipping_to_an_outside_link_is_never_published(tmp_path, base, outside, fork):
+def test_a_file_flipping_to_an_outside_link_is_never_published(tmp_path, base, outside):
     """A real race: another process flips ``flip.txt`` between a regular file and a link to a
     file outside the base (each state put in place by an atomic rename) while ingests run.
     Whichever state the walk and the read meet, the outside text is never read."""
-    for j in range(70):  # enough files for the forked map stage
+    for j in range(70):
         (base / f"pad{j:02d}.txt").write_text(f"padding {j}\n")
     target = base / "flip.txt"
     target.write_text("the regular flip text\n")
@@ -292,7 +282,7 @@ def test_a_file_flipping_to_an_outside_link_is_never_published(tmp_path, base, o
     try:
         for i in range(25):
             index = tmp_path / f"index{i}"
-            report = Indexer("race", index_dir=index, embedder="none", fork_map=fork,
+            report = Indexer("race", index_dir=index, embedder="none",
                              exclude=["*.regular", "*.link"]).ingest([base])
             outcome = dict(report.skipped_files).get("flip.txt", "published")
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
@@ -303,8 +293,6 @@ def test_a_file_flipping_to_an_outside_link_is_never_published(tmp_path, base, o
         flipper.wait()
     assert set(outcomes) <= {"published", "symlink outside base directory", "changed while read",
                              "unreadable"}, outcomes
-    if fork and forks_here():
-        assert stages == {"forked"}
     print("flip.txt over 25 ingests:", outcomes, stages)
 
 

@@ -2,8 +2,8 @@
 
 An ingest is made of parts, each in its module (adr/0055-what-an-ingest-is-made-of.md):
 the workspace (write lock, private copy, spare, publish: workspace.py), the scanner (walk,
-excludes, jobs: scanner.py), the map stage (extract and chunk: prepared.py, forked_map.py,
-cluster.py), the document writer (documents, chunks, term rows, manifest: document_writer.py),
+excludes, jobs: scanner.py), the map stage (extract and chunk: prepared.py, in this process or
+on a cluster: cluster.py), the document writer (documents, chunks, term rows, manifest: document_writer.py),
 postings upkeep (postings.py) and vector upkeep (vector_upkeep.py). ``Indexer`` composes them:
 each run copies the live file, applies changes there one document per savepoint, rebuilds the
 BM25 postings, then swaps the copy in with ``os.replace`` (adr/0002-publish-by-rename.md).
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import forked_map, safe_read
+from . import safe_read
 from .access_lists import ACLResolver
 from ..errors import IngestError, InvalidRequest
 from .document_writer import DocumentWriter, set_manifest
@@ -83,7 +83,6 @@ class Indexer:
         ann_threshold: int | None = None,
         group_readable: bool | None = None,
         map_stage: Callable | None = None,
-        fork_map: bool = True,
         spare_copy: bool = True,
         title_header: bool = True,
     ):
@@ -91,8 +90,6 @@ class Indexer:
         # Turns files to (re)process into documents, in order: here (prepared.local_map), or
         # on a cluster (indexing/cluster.py).
         self.map_stage = map_stage or local_map
-        # False keeps a BM25-only run's map stage in this process (forked_map.py).
-        self.fork_map = bool(fork_map)
         self.index_dir = Path(index_dir)
         self.base_dir = Path(base_dir) if base_dir is not None else None
         self.embedder_name = embedder
@@ -328,15 +325,11 @@ class Indexer:
                 )
 
     def _map(self, files, seen, existing, acls, rechunk, vectors, report):
-        """``(job, document or None)`` for each file, in walk order: from the map stage given,
-        or for a BM25-only run of enough files, from forked children (forked_map.py)."""
-        if not (self.fork_map and self.map_stage is local_map and vectors is None
-                and forked_map.usable(len(files))):
-            report.map_stage = "local" if self.map_stage is local_map else "given"
-            jobs = self.scanner.jobs(files, seen, existing, acls, rechunk, self.progress)
-            return self.map_stage(jobs, self, vectors)
-        report.map_stage = "forked"
-        return self.scanner.forked(files, seen, existing, acls, rechunk, self.prepare, self.progress)
+        """``(job, document or None)`` for each file, in walk order, from the map stage. One
+        path: the forked map stage of adr/0046 measured slower than this one (adr/0055)."""
+        report.map_stage = "local" if self.map_stage is local_map else "given"
+        jobs = self.scanner.jobs(files, seen, existing, acls, rechunk, self.progress)
+        return self.map_stage(jobs, self, vectors)
 
     def _finish(self, run: _Run) -> None:
         conn, vectors = run.conn, run.vectors

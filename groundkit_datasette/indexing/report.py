@@ -26,7 +26,8 @@ class IngestReport:
     published: bool = False
     # Chunks whose vector was missing (a lost or incomplete <name>.lance) and was embedded again.
     vectors_restored: int = 0
-    # Where files were extracted and chunked: "local", "forked" (forked_map.py) or "given".
+    # Where files were extracted and chunked: "local" (this process) or "given" (a map stage
+    # passed in, such as a cluster's).
     map_stage: str = "local"
 
     @property

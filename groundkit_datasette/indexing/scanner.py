@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 from typing import Iterable
 
-from . import forked_map, safe_read
+from . import safe_read
 from ..errors import InvalidRequest
 from .extract import MAX_FILE_BYTES
 from .prepared import Job, sha
@@ -155,28 +155,6 @@ class Scanner:
             seen.add(source)
             progress({"event": "file", "source": source, "done": done, "total": len(files)})
             yield read_job(source, real, existing, acls, rechunk)
-
-    @staticmethod
-    def forked(files, seen: set, existing: dict, acls, rechunk: bool, prepare, progress):
-        """``(job, document or None)`` for each file, in walk order, read and prepared in forked
-        children (forked_map.py)."""
-        def work(items):  # in a child
-            acls.tree.reopen()  # the child closed the base's descriptor with the others
-            out = []
-            for source, real in items:
-                job = read_job(source, real, existing, acls, rechunk)
-                result = prepare(job) if job.work else None
-                job.data = None  # the writer needs what came of the bytes, not the bytes
-                out.append((job, result))
-            return out
-
-        done = 0
-        for out in forked_map.run(files, work, children=forked_map.processes()):
-            for job, result in out:
-                done += 1
-                seen.add(job.source)
-                progress({"event": "file", "source": job.source, "done": done, "total": len(files)})
-                yield job, result
 
 
 def _symlink(tree: safe_read.Base, rel: str, report):
