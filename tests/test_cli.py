@@ -570,8 +570,8 @@ cli(sys.argv[1:], prog_name="groundkit")
 def test_no_command_changes_the_collectors_state(many, tmp_path):
     """No command leaves the garbage collector frozen for the interpreter's exit (adr/0059): a
     process that runs ``cli`` in-process keeps its own gc state. Skipping the exit collection
-    bought about 5% of ``groundkit search``'s cold start on the demo collection, under the 20%
-    that would keep a process-wide side effect."""
+    bought about 13% of ``groundkit search``'s cold start on the demo collection, under the
+    20% that would keep a process-wide side effect."""
     docs, index = many
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 
