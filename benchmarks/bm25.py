@@ -152,12 +152,13 @@ def worker(engine: str, spec_file: str) -> dict:
                 return fn(q)
             return run
 
-        def fields(q):  # ranked row ids to the response's fields, as a plain BM25 page builds
-            ids, scores = ranked_ids[q]  # them (search._bm25_page, adr/0047)
+        def fields(q):  # ranked row ids to the response's fields, as a BM25 search builds them
+            ids, scores = ranked_ids[q]
             rows = col.hit_rows("id", ids)  # in the order of ids
             page = rows[:TOP_K]
-            hits = _search._hit_dicts(col, zip([r.chunk_id for r in page], scores[:TOP_K]), page,
-                                      None, 1)
+            ranked = list(zip([r.chunk_id for r in page], scores[:TOP_K]))
+            parts = {cid: {"bm25": {"rank": i, "score": s}} for i, (cid, s) in enumerate(ranked, 1)}
+            hits = _search._hit_dicts(col, ranked, page, parts, 1)
             return dict(
                 collection=col.name, mode="bm25", generation=col.generation, top_k=TOP_K, offset=0,
                 next_offset=TOP_K if len(ids) > TOP_K else None,

@@ -220,7 +220,7 @@ def test_response_models_build_their_schemas_on_first_use_and_validate_as_strict
         "hit = dict(chunk_id='c_' + '0' * 24, document_id='d', source='s', title=None, start_offset=0,\n"
         "           end_offset=1, line_start=1, line_end=1, page_start=None, page_end=None, heading='',\n"
         "           content='x', rank=1, score=0.5, components={}, source_changed=None, matched_terms=[])\n"
-        "built = m.built_whole(m.Hit, dict(hit))\n"
+        "built = m.Hit.model_validate(dict(hit))\n"
         "print(json.dumps({'deferred': deferred, 'errors': errors, 'same': built == m.Hit(**hit)}))\n"
     )
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
