@@ -23,7 +23,6 @@ from ..logs import REQUEST_LINE
 from ..retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, PlainResponse, SearchRequest
 from ..indexing.names import validate_name
 from .datasette_compat import can, collection_file
-from .inline_calls import InlineCalls
 
 log = logging.getLogger("groundkit")
 access_log = logging.getLogger("groundkit.access")
@@ -217,7 +216,6 @@ class Registry:
         self._models_loaded = False
         self._models_lock = threading.Lock()
         self._searches = 0  # in flight, across every surface of this instance
-        self.inline = InlineCalls()  # which calls are brief enough to run on the event loop
         self._searches_lock = threading.Lock()
 
     def check_models(self) -> None:
@@ -372,11 +370,6 @@ class ToolContext:
 
     async def run(self, fn, *args):
         return await asyncio.to_thread(fn, *args)
-
-    async def run_brief(self, key, fn):
-        """``fn()`` on the event loop when calls of ``key`` have been brief, else in a thread
-        (surfaces/inline_calls.py)."""
-        return await self.registry.inline.run(key, fn)
 
 
 def result_count(response) -> int | None:

@@ -130,14 +130,10 @@ async def _search(ctx, collection, request):
     they are; the HTML page asks for the model (surfaces/serialize.py)."""
     from ..retrieval.search import search_plain
 
-    from .inline_calls import search_key
-
     col = await ctx.collection(collection)
     scoped = ctx.scoped(col)
-    run = lambda: search_plain(col, request, scoped.access())  # noqa: E731
-    # A short BM25 search of a small collection takes less than handing it to a thread (adr/0044).
-    key = search_key(col, request, col.sources_checked_locally())
-    return await (ctx.run(run) if key is None else ctx.run_brief(key, run))
+    # In a worker thread like every call: the event loop was no faster (adr/0058).
+    return await ctx.run(lambda: search_plain(col, request, scoped.access()))
 
 
 async def _verify_quote(ctx, collection, request):
