@@ -152,7 +152,7 @@ def test_an_incremental_run_updates_only_the_touched_terms_and_equals_a_full_reb
     copy = tmp_path / "copy-rebuild_postings.sqlite3"
     for query in ("glacier aurora", "w1 w2 w3 harbour", "ferry", "w399 river"):
         with Collection.open("kw", index_dir=tmp_path / "index") as col:
-            ours = bm25.score(col._conn, query)
+            ours = col.bm25_scores(query)
         full = bm25.score(sqlite3.connect(copy), query)
         assert ours[0].tolist() == full[0].tolist() and ours[1].tobytes() == full[1].tobytes()
     # A second run updates what the first one wrote, still equal to a rebuild.
