@@ -38,11 +38,7 @@ def _search_api():
     return _SEARCH_API
 
 
-def _hit_row(_cursor, row) -> HitRow:
-    return _new_tuple(HitRow, row)
-
-
-_new_tuple = tuple.__new__  # HitRow._make without its length check (the SELECT fixes it)
+_new_tuple = tuple.__new__  # a named tuple's _make without its length check (the SELECT fixes it)
 
 
 # Hit rows (about 1 kB each) and citations kept per open collection, read by row id.
@@ -152,9 +148,14 @@ class Collection:
                 self._protected = connection_is_protected(self._conn)
         return self._protected
 
-    def query(self, sql: str, params=()) -> list[tuple]:
+    def query(self, sql: str, params=(), row=None) -> list[tuple]:
+        """The rows of ``sql``: tuples, or ``row`` (a named tuple of the selected columns)."""
         with self._lock:
-            return self._conn.execute(sql, params).fetchall()
+            if row is None:
+                return self._conn.execute(sql, params).fetchall()
+            cursor = self._conn.cursor()
+            cursor.row_factory = lambda _cursor, values: _new_tuple(row, values)
+            return cursor.execute(sql, params).fetchall()
 
     def chunk_total(self) -> int:
         """Chunks in this version, as BM25 counted them."""
@@ -287,10 +288,7 @@ class Collection:
     def _query_hit_rows(self, key: str, values: list) -> list[HitRow]:
         stat = "d.source_size, d.source_mtime_ns" if self.has_stat else "NULL, NULL"
         sql = HIT_SQL.format(stat=stat, key=key, marks=",".join("?" * len(values)))
-        with self._lock:
-            cursor = self._conn.cursor()
-            cursor.row_factory = _hit_row
-            return cursor.execute(sql, values).fetchall()
+        return self.query(sql, values, row=HitRow)
 
     def citations(self, rows) -> list[dict]:
         """Each hit row's citation fields as a dict (``CITATION_COLUMNS``), kept by chunk id
@@ -480,18 +478,15 @@ class Collection:
         from .models import ChunkCitation, ChunkResponse, FetchChunkRequest
 
         FetchChunkRequest(chunk_id=chunk_id)
-        with self._lock:
-            cursor = self._conn.cursor()
-            cursor.row_factory = _chunk_row
-            rows = cursor.execute(
-                """SELECT c.chunk_id, c.document_id, c.chunk_index, d.source, d.title,
-                          c.start_offset, c.end_offset, c.line_start, c.line_end, c.page_start,
-                          c.page_end, c.heading, c.content, c.content_hash, d.source_class,
-                          d.extractor, d.extractor_version, {encoding}
-                   FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id = ?""".format(
-                    encoding="d.encoding" if self.has_encoding else "NULL"),
-                (chunk_id,),
-            ).fetchall()
+        rows = self.query(
+            """SELECT c.chunk_id, c.document_id, c.chunk_index, d.source, d.title, c.start_offset,
+                      c.end_offset, c.line_start, c.line_end, c.page_start, c.page_end, c.heading,
+                      c.content, c.content_hash, d.source_class, d.extractor, d.extractor_version,
+                      {encoding}
+               FROM chunks c JOIN documents d USING (document_id) WHERE c.chunk_id = ?""".format(
+                encoding="d.encoding" if self.has_encoding else "NULL"),
+            (chunk_id,), row=ChunkRow,
+        )
         if not rows:
             raise ChunkNotFound("chunk not found")  # the same words for a chunk hidden by permissions
         r = rows[0]
@@ -590,10 +585,6 @@ class Collection:
             (json.dumps(sorted(hidden)),),
         )}
         return len(with_vector & readable)
-
-
-def _chunk_row(_cursor, row) -> ChunkRow:
-    return tuple.__new__(ChunkRow, row)
 
 
 def _bm25():

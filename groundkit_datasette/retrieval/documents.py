@@ -10,6 +10,7 @@ import hashlib
 
 from ..errors import DocumentNotFound
 from .citations import _NOT_FOUND, _Unresolvable, _read_bounded, _resolve_source
+from .rows import DocumentChunkRow
 from .models import (
     DocumentChunk,
     DocumentHeading,
@@ -37,18 +38,17 @@ def fetch_document(collection, document_id: str, hidden_documents=()) -> Documen
     for r in collection.query(
         """SELECT chunk_id, chunk_index, start_offset, end_offset, line_start, line_end,
                   page_start, page_end, heading, content
-           FROM chunks WHERE document_id = ? ORDER BY chunk_index""", (document_id,)):
-        start, end = r[2], r[3]
+           FROM chunks WHERE document_id = ? ORDER BY chunk_index""", (document_id,),
+            row=DocumentChunkRow):
+        start, end = r.start_offset, r.end_offset
         chunks.append(DocumentChunk(
-            chunk_id=r[0], chunk_index=r[1], start_offset=start, end_offset=end,
-            line_start=r[4], line_end=r[5], page_start=r[6], page_end=r[7], heading=r[8],
-            content=r[9], shown_from=min(len(r[9]), max(0, covered - start)),
-        ))
+            **r._asdict(), shown_from=min(len(r.content), max(0, covered - start))))
         covered = max(covered, end)
-        if r[8] and r[8] != last_heading:
-            headings.append(DocumentHeading(heading=r[8], depth=r[8].count(HEADING_SEPARATOR),
-                                            chunk_id=r[0]))
-        last_heading = r[8]
+        if r.heading and r.heading != last_heading:
+            headings.append(DocumentHeading(heading=r.heading,
+                                            depth=r.heading.count(HEADING_SEPARATOR),
+                                            chunk_id=r.chunk_id))
+        last_heading = r.heading
     return DocumentResponse(
         collection=collection.name, generation=collection.generation, document_id=document_id,
         source=source, title=title, char_count=char_count, line_count=line_count,

@@ -29,6 +29,7 @@ from .citations import SourceUnavailable, current_source, line_of
 from ..errors import TooManyDocuments
 from ..indexing.extract import page_for_offset
 from .models import CHUNK_ID_PATTERN, MAX_QUERY_CHARS, Request, Response
+from .rows import ChunkSpan, SourceRow
 
 MAX_QUOTES = 20
 MAX_QUOTE_CHARS = 2000
@@ -168,7 +169,7 @@ def _documents(collection, reader, where: str, params: list, limit: int) -> list
     cols = _DOC_COLUMNS.format(encoding="d.encoding" if collection.has_encoding else "NULL")
     return collection.query(
         f"SELECT {cols} FROM documents d WHERE ({where}) AND {sql} ORDER BY d.source LIMIT ?",
-        [*params, *rparams, limit],
+        [*params, *rparams, limit], row=SourceRow,
     )
 
 
@@ -177,11 +178,11 @@ def _candidates(collection, scoped, reader, quote: Quote):
     if quote.chunk_id is not None:
         rows = collection.query(
             "SELECT document_id, start_offset, end_offset FROM chunks WHERE chunk_id = ?",
-            (quote.chunk_id,),
+            (quote.chunk_id,), row=ChunkSpan,
         )
         if not rows:
             return [], None
-        docs = _documents(collection, reader, "d.document_id = ?", [rows[0][0]], 1)
+        docs = _documents(collection, reader, "d.document_id = ?", [rows[0].document_id], 1)
         return docs, (rows[0] if docs else None)
     if quote.source is not None:
         from .search import _filter_sql
@@ -202,7 +203,7 @@ def _candidates(collection, scoped, reader, quote: Quote):
         return [], None
     rows = _documents(collection, reader, "d.document_id IN (SELECT value FROM json_each(?))",
                       [json.dumps(order)], len(order))
-    by_id = {r[0]: r for r in rows}
+    by_id = {r.document_id: r for r in rows}
     return [by_id[d] for d in order if d in by_id], None
 
 
@@ -303,7 +304,7 @@ def verify_quotes(collection, scoped, request: VerifyQuoteRequest) -> VerifyQuot
     """Answer ``request`` over ``collection`` as ``scoped``'s reader sees it."""
     reader = scoped.reader
     plans = [_candidates(collection, scoped, reader, q) for q in request.quotes]
-    distinct = {row[0] for docs, _a in plans for row in docs}
+    distinct = {row.document_id for docs, _a in plans for row in docs}
     if len(distinct) > MAX_DOCUMENTS_SCANNED:
         raise TooManyDocuments(
             f"these quotes would search more than {MAX_DOCUMENTS_SCANNED} documents; "
@@ -311,20 +312,21 @@ def verify_quotes(collection, scoped, request: VerifyQuoteRequest) -> VerifyQuot
     texts: dict[str, _Text | str] = {}  # document_id -> its text, or why it cannot be read
 
     def text_of(row):
-        if row[0] not in texts:
+        if row.document_id not in texts:
             try:
                 extracted = current_source(
-                    source=row[1], source_class=row[3], extractor=row[4],
-                    extractor_version=row[5], base_dir=collection.base_dir, encoding=row[6])
-                texts[row[0]] = _Text(row, extracted)
+                    source=row.source, source_class=row.source_class, extractor=row.extractor,
+                    extractor_version=row.extractor_version, base_dir=collection.base_dir,
+                    encoding=row.encoding)
+                texts[row.document_id] = _Text(row, extracted)
             except SourceUnavailable as exc:
-                texts[row[0]] = exc.reason
-        return texts[row[0]]
+                texts[row.document_id] = exc.reason
+        return texts[row.document_id]
 
     results = []
     for index, (quote, (docs, attributed)) in enumerate(zip(request.quotes, plans)):
         qnorm = normalise(quote.text)[0]
-        anchor = attributed[1] if attributed else None
+        anchor = attributed.start_offset if attributed else None
         best = None  # (level, -score, order, doc, start, end)
         unreadable = []
         for order, row in enumerate(docs):
@@ -349,7 +351,7 @@ def verify_quotes(collection, scoped, request: VerifyQuoteRequest) -> VerifyQuot
         (level, neg_score, _o), doc, start, end = best
         within = None
         if attributed is not None:
-            within = attributed[1] <= start and end <= attributed[2]
+            within = attributed.start_offset <= start and end <= attributed.end_offset
         results.append(QuoteResult(
             index=index, verdict=_VERDICTS[level], score=-neg_score, reason=_REASONS[level],
             match=_match(doc, start, end, request.context_chars, within),
@@ -377,7 +379,8 @@ def _not_found_reason(quote: Quote, docs, unreadable) -> str:
 def _match(doc: _Text, start: int, end: int, context_chars: int, within) -> QuoteMatch:
     text, row = doc.text, doc.row
     return QuoteMatch(
-        document_id=row[0], source=row[1], title=row[2], start_offset=start, end_offset=end,
+        document_id=row.document_id, source=row.source, title=row.title, start_offset=start,
+        end_offset=end,
         line_start=line_of(text, start), line_end=line_of(text, max(start, end - 1)),
         page_start=page_for_offset(doc.pages, start),
         page_end=page_for_offset(doc.pages, max(start, end - 1)),

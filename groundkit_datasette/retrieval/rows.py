@@ -56,3 +56,39 @@ class ChunkRow(NamedTuple):
     extractor: str
     extractor_version: str
     encoding: str | None
+
+
+class DocumentChunkRow(NamedTuple):
+    """One chunk of a fetched document (``documents.fetch_document``)."""
+
+    chunk_id: str
+    chunk_index: int
+    start_offset: int
+    end_offset: int
+    line_start: int
+    line_end: int
+    page_start: int | None
+    page_end: int | None
+    heading: str
+    content: str
+
+
+class SourceRow(NamedTuple):
+    """A document as a quote is verified in it (``quotes.py``): where its source is and how it
+    was extracted."""
+
+    document_id: str
+    source: str
+    title: str | None
+    source_class: str
+    extractor: str
+    extractor_version: str
+    encoding: str | None
+
+
+class ChunkSpan(NamedTuple):
+    """Where a chunk lies in its document's text."""
+
+    document_id: str
+    start_offset: int
+    end_offset: int
