@@ -147,3 +147,12 @@ def test_an_isolated_extractor_must_be_importable_by_name():
             extract.extractor_for(".loc")
     finally:
         pm.unregister(name="local_test")
+
+
+def test_the_cluster_writer_expects_a_plugins_extractor(with_subrip):
+    """A cluster worker's answer for a plugin's file is held to the plugin's identity."""
+    from groundkit_datasette.indexing.cluster import _expected_extractor
+
+    assert _expected_extractor("films/film.srt") == ("text", "subrip")
+    assert _expected_extractor("a/report.docx") == ("markdown", "docx")
+    assert _expected_extractor("a/picture.png") == (None, None)

@@ -41,8 +41,7 @@ import numpy as np
 
 from ..errors import InvalidRequest
 from .chunking import Chunk, chunk_text
-from .extract import (_PACKAGED, MAX_TEXT_CHARS, Skipped, extract_bytes, extractor_available,
-                      source_class_for)
+from .extract import MAX_TEXT_CHARS, Skipped, extract_bytes, extractor_available, extractor_for
 from .prepared import (Outcome, Prepared, chunk_ids_for, document_id_for, embedding_text, prepared_from,
                        source_suffix)
 
@@ -243,16 +242,10 @@ class Rejected(Exception):
 
 def _expected_extractor(source: str) -> tuple[str | None, str | None]:
     """(source class, extractor name) this machine would use for ``source``: None, None if refused."""
-    suffix = source_suffix(source)
-    source_class = source_class_for(suffix)
-    if source_class is None:
+    extractor = extractor_for(source_suffix(source))
+    if extractor is None:
         return None, None
-    if source_class == "pdf":
-        return source_class, "pypdf"
-    packaged = _PACKAGED.get(suffix.lower())
-    if packaged is not None:
-        return source_class, packaged
-    return source_class, "html" if source_class == "html" else "text"
+    return extractor.source_class, extractor.name
 
 
 _NEWLINE = re.compile("\n")

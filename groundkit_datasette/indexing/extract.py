@@ -26,9 +26,7 @@ from ..errors import GroundkitError
 from . import isolation
 from .formats.base import (SOURCE_CLASSES, Budget, Exceeded, Extracted, Extraction, Extractor,
                            Skipped)
-from .formats.epub import EPUB
 from .formats.html_text import HTML_EXTRACTOR_VERSION
-from .formats.odf import ODT
 from .formats.office import DOCX, PPTX
 from .formats.packages import FORMAT_EXTRACTOR_VERSION
 from .formats.pdf import NO_TEXT_LAYER, PDF, PDF_PAGE_SEPARATOR
@@ -92,9 +90,6 @@ _UNSUPPORTED = {
     ".sqlite", ".sqlite3", ".db", ".iso", ".dmg", ".bin", ".parquet",
     ".arrow", ".lance", ".npy", ".npz", ".pkl", ".pickle", ".onnx",
 }
-# Suffix -> extractor name of the built-in zip formats (cluster.py's expectation of a worker;
-# extractor_for answers for every registered format).
-_PACKAGED = {s: e.name for e in (DOCX, PPTX, XLSX, ODT, EPUB) for s in e.suffixes}
 
 
 class ExtractorConflict(GroundkitError):
@@ -188,26 +183,21 @@ def _table() -> _Table:
 
 
 def extractor_for(suffix: str, name: str = "") -> Extractor | None:
-    """The extractor a file would get (its whole name first, then its suffix); None if no
-    extractor claims it (it is then plain text, or refused: see ``source_class_for``)."""
+    """The extractor a file gets: by its whole name, else its suffix, else plain text; None if
+    it is refused (a known binary suffix no extractor claims)."""
     table = _table()
-    if name:
-        found = table.by_file_name.get(name.lower())
-        if found is not None:
-            return found
-    return table.by_suffix.get(_norm_suffix(suffix))
-
-
-def _choose(suffix: str, name: str = "") -> Extractor | None:
-    found = extractor_for(suffix, name)
-    if found is None and _norm_suffix(suffix) not in _UNSUPPORTED:
-        return PLAIN  # includes no suffix and unknown suffixes that decode
+    found = table.by_file_name.get(name.lower()) if name else None
+    if found is None:
+        suffix = _norm_suffix(suffix)
+        found = table.by_suffix.get(suffix)
+        if found is None and suffix not in _UNSUPPORTED:
+            return PLAIN  # includes no suffix and unknown suffixes that decode
     return found
 
 
 def source_class_for(suffix: str, name: str = "") -> str | None:
     """The source class a file would get, or None if it is refused."""
-    extractor = _choose(suffix, name)
+    extractor = extractor_for(suffix, name)
     return extractor.source_class if extractor is not None else None
 
 
@@ -228,7 +218,7 @@ def extractor_available(extractor: str, version: str) -> bool:
 def extract_file(path: Path, *, max_bytes: int = MAX_FILE_BYTES,
                  encoding: str | None = None) -> Extracted:
     path = Path(path)
-    extractor = _choose(path.suffix, path.name)
+    extractor = extractor_for(path.suffix, path.name)
     if extractor is None:
         raise Skipped("unsupported type")
     try:
@@ -260,7 +250,7 @@ def extract_bytes(
     (a request's own deadline). Text, Markdown, HTML and code are decoded here, by linear code
     of our own.
     """
-    extractor = _choose(suffix)
+    extractor = extractor_for(suffix)
     if extractor is not None and _isolate(extractor):
         return _extract_isolated(extractor, data, max_bytes, encoding, serving=serving,
                                  seconds=seconds)
@@ -270,7 +260,7 @@ def extract_bytes(
 def _extract(data: bytes, suffix: str, name: str, max_bytes: int,
              encoding: str | None = None) -> Extracted:
     """In this process, whatever the format."""
-    extractor = _choose(suffix, name)
+    extractor = extractor_for(suffix, name)
     if extractor is None:
         raise Skipped("unsupported type")
     return _run(extractor, data, max_bytes, encoding)
