@@ -1,4 +1,4 @@
-"""A stateless JSON ``tools/call`` answered in the request's own task (adr/0043).
+"""A stateless JSON ``tools/call`` answered in the request's own task (adr/0058; first adr/0043).
 
 For the handshake-era protocol versions (2024-11-05 to 2025-11-25) the SDK's
 stateless manager builds a transport, memory streams, a dispatcher task and a

@@ -28,6 +28,7 @@ from .tools import all_tools
 
 log = logging.getLogger("groundkit.mcp")
 
+# Kept beside the SDK's transport: MCP p50 over HTTP 30-49% lower (adr/0058, benchmarks/mcp_paths.py).
 # False: every HTTP call goes through the SDK's stateless transport (the parity tests' oracle).
 DIRECT_CALLS = True
 
