@@ -18,7 +18,7 @@ import pytest
 from datasette.app import Datasette
 from playwright.sync_api import expect, sync_playwright
 
-from groundkit_datasette import plugin as gk_plugin
+from groundkit_datasette import datasette_plugin as gk_plugin
 from groundkit_datasette.indexing.ingest import ingest
 from groundkit_datasette.surfaces.pages import QueryTerms, citation_text, highlight
 
