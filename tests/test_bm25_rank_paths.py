@@ -107,7 +107,7 @@ def test_matched_terms_equals_membership_in_the_postings(corpus):
 
 
 def test_a_reader_with_hidden_documents_ranks_as_the_plain_computation(corpus):
-    """The hidden path scores on the reader's view (bm25.score over bm25.ReaderView) and
+    """The hidden path scores on the reader's view (bm25.score over views.ReaderView) and
     then shares the ordering step with the fast path: its hits equal every visible chunk's
     score sorted by (-score, tie rank)."""
     with Collection.open("paths", index_dir=corpus) as col:

@@ -52,7 +52,7 @@ class Allowed:
     exclude: bool = False
     # Sorted row ids hidden by the reader's permissions (not by the request's filters).
     hidden: np.ndarray | None = None
-    # The reader's BM25 view (bm25.ReaderView): its chunks weighted with their own statistics.
+    # The reader's BM25 view (views.ReaderView): its chunks weighted with their own statistics.
     view: object = None
 
     @property

@@ -125,7 +125,7 @@ class ReaderView(TermCache):
     ingest would store for a collection of only those documents, so nothing a reader is
     shown (scores, ranks, the top-k cut, ties) depends on the chunks it may not read.
     Derived per term on first use and kept with the view (one per published version and
-    set of hidden documents, see ``rankers.reader_view``)."""
+    set of hidden documents, see ``Collection.reader_view``)."""
 
     TERMS = 10_000  # terms kept per view (its postings are at most the collection's)
 
