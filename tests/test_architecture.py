@@ -50,3 +50,9 @@ def test_every_layer_says_what_it_owns_and_may_import():
     for layer in ("indexing", "retrieval", "embedding", "surfaces", "security", "evaluation"):
         doc = (ROOT / "groundkit_datasette" / layer / "__init__.py").read_text()
         assert "May import" in doc, layer
+
+
+def test_no_module_is_longer_than_700_lines():
+    long = {str(p.relative_to(ROOT)): n for p in (ROOT / "groundkit_datasette").rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 700}
+    assert long == {}
