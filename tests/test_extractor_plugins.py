@@ -156,3 +156,23 @@ def test_the_cluster_writer_expects_a_plugins_extractor(with_subrip):
     assert _expected_extractor("films/film.srt") == ("text", "subrip")
     assert _expected_extractor("a/report.docx") == ("markdown", "docx")
     assert _expected_extractor("a/picture.png") == (None, None)
+
+
+def test_an_ingest_with_conflicting_extractors_refuses_to_start(tmp_path):
+    """One clear error before anything is read or written, not one failed file per document."""
+    from click.testing import CliRunner
+
+    from groundkit_datasette.cli import cli
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.md").write_text("# A\n\ntext\n")
+    pm.register(_plugin(Extractor("better-md", "1", (".md",), "markdown", _plain)), name="conflicting_test")
+    try:
+        result = CliRunner().invoke(cli, ["ingest", str(tmp_path / "docs"), "--collection", "c",
+                                          "--index-dir", str(tmp_path / "index"), "--embedder", "none"])
+    finally:
+        pm.unregister(name="conflicting_test")
+    assert result.exit_code == 2, result.output
+    assert "extractors 'text' and 'better-md' both claim the suffix '.md'" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "index").exists() or not any((tmp_path / "index").iterdir())

@@ -22,7 +22,7 @@ import time
 from bisect import bisect_right
 from pathlib import Path
 
-from ..errors import GroundkitError
+from ..errors import InvalidRequest
 from . import isolation
 from .formats.base import (SOURCE_CLASSES, Budget, Exceeded, Extracted, Extraction, Extractor,
                            Skipped)
@@ -92,9 +92,10 @@ _UNSUPPORTED = {
 }
 
 
-class ExtractorConflict(GroundkitError):
+class ExtractorConflict(InvalidRequest):
     """Two extractors claim one suffix or file name, or two plugins one extractor name: a
-    plugin never replaces a built-in (or another plugin) silently."""
+    plugin never replaces a built-in (or another plugin) silently. An ingest refuses to start
+    (``check_extractors``), so the user reads the conflict once, not one failure per file."""
 
 
 class ExtractionBusy(Exception):
@@ -180,6 +181,11 @@ def _table() -> _Table:
         impl.function(register=lambda extractor, _owner=impl: table.add(extractor, _owner))
     _table_cache = (impls, table)
     return table
+
+
+def check_extractors() -> None:
+    """Raise ``ExtractorConflict`` if the installed extractors disagree."""
+    _table()
 
 
 def extractor_for(suffix: str, name: str = "") -> Extractor | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
-from . import safe_read
+from . import extract, safe_read
 from .access_lists import ACLResolver
 from ..errors import IngestError, InvalidRequest
 from .document_writer import DocumentWriter, set_manifest
@@ -145,6 +145,7 @@ class Indexer:
         directory and file under it is reached from that descriptor; ``pinned``: one opened
         by the caller (watch mode, for all its batches)."""
         started = time.perf_counter()
+        extract.check_extractors()
         base, roots = self.scanner.resolve_inputs(paths, self.base_dir, missing_ok, pinned)
         if pinned is not None:
             return self._ingest(pinned, base, roots, started)
