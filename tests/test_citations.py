@@ -241,7 +241,7 @@ def test_a_file_opened_outside_the_base_is_refused(tmp_path, base):
     secret.write_text("not for callers\n")
     fd = os.open(secret, os.O_RDONLY)
     try:
-        with pytest.raises(citations._Unresolvable) as exc:
+        with pytest.raises(citations.Unresolvable) as exc:
             citations._check_opened_inside(fd, base.resolve())
     finally:
         os.close(fd)

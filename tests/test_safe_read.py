@@ -356,16 +356,16 @@ def test_a_directory_tree_deeper_than_the_recursion_limit_is_walked(tmp_path):
 
 
 def test_citations_read_through_the_same_open(base, outside):
-    """citations._read_bounded is the module's link-free open: a link that appears after the
+    """citations.read_bounded is the module's link-free open: a link that appears after the
     resolution is refused with the serve-time reason, a FIFO does not block."""
     real_base = base.resolve()
     path = real_base / "a.txt"
-    assert citations._read_bounded(path, real_base) == b"alpha text\n"
+    assert citations.read_bounded(path, real_base) == b"alpha text\n"
     swap_in(base / "a.txt", "link-outside", outside)
     with pytest.raises(citations.SourceUnavailable) as exc:
-        citations._read_bounded(path, real_base)
+        citations.read_bounded(path, real_base)
     assert exc.value.reason == "source file unreadable"
     swap_in(base / "a.txt", "fifo", outside)
     with pytest.raises(citations.SourceUnavailable) as exc:
-        citations._read_bounded(path, real_base)
+        citations.read_bounded(path, real_base)
     assert exc.value.reason == "source file unreadable"

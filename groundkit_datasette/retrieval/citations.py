@@ -18,7 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from ..indexing import safe_read
 from .models import Relocation, Verification
-from .stale import StaleCheck, _plain_relative, sources_changed  # noqa: F401 (StaleCheck, sources_changed: exported)
+from .stale import StaleCheck, plain_relative, sources_changed  # noqa: F401 (StaleCheck, sources_changed: exported)
 
 # The ingest limit (indexing/extract.py MAX_FILE_BYTES), not imported from there: a search never
 # needs the extractors' imports (tests/test_citations.py checks the two agree).
@@ -29,20 +29,20 @@ __all__ = ["Relocation", "SourceUnavailable", "StaleCheck", "Verification", "cur
            "line_of", "sources_changed", "verify_citation"]
 
 _OUTSIDE = "source is outside the base directory"
-_NOT_FOUND = "source file not found"
+SOURCE_NOT_FOUND = "source file not found"
 _UNREADABLE = "source file unreadable"
-_TOO_LARGE = "source file too large"
+SOURCE_TOO_LARGE = "source file too large"
 _NOT_EXTRACTABLE = "source can no longer be extracted"
 _EXTRACTED_DIFFERENTLY = "source is no longer extracted the way it was when cited"
 
 
-class _Unresolvable(Exception):
+class Unresolvable(Exception):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
 
 
-SourceUnavailable = _Unresolvable  # public name: ``reason`` is safe to show
+SourceUnavailable = Unresolvable  # public name: ``reason`` is safe to show
 
 
 def current_source(
@@ -54,13 +54,13 @@ def current_source(
     Raises :class:`SourceUnavailable` with a reason safe to show (never a path).
     """
     if base_dir is None:
-        raise _Unresolvable("no base directory configured")
-    real_base, path = _resolve_source(Path(base_dir), source)
+        raise Unresolvable("no base directory configured")
+    real_base, path = resolve_source(Path(base_dir), source)
     from ..indexing.extract import extractor_available  # here: a search never needs extract
 
     if not extractor_available(extractor, extractor_version):
-        raise _Unresolvable(f"extractor {extractor} version {extractor_version} is not available")
-    data = _read_bounded(path, real_base)
+        raise Unresolvable(f"extractor {extractor} version {extractor_version} is not available")
+    data = read_bounded(path, real_base)
     return _reextract(data, source, source_class, extractor, extractor_version, encoding)
 
 
@@ -88,7 +88,7 @@ def verify_citation(
             source=source, source_class=source_class, extractor=extractor,
             extractor_version=extractor_version, base_dir=base_dir, encoding=encoding,
         ).text
-    except _Unresolvable as exc:
+    except Unresolvable as exc:
         return _unresolvable(exc.reason)
     return _compare(text, start, end, content, max(0, int(context_chars)))
 
@@ -101,19 +101,19 @@ def _unresolvable(reason: str) -> Verification:
 # Finding and reading the file
 
 
-def _resolve_source(base_dir: Path, source: str) -> tuple[Path, Path]:
+def resolve_source(base_dir: Path, source: str) -> tuple[Path, Path]:
     """The real base and the real path of ``source``, refused unless it stays under the base."""
-    if not _plain_relative(source):
-        raise _Unresolvable(_OUTSIDE)
+    if not plain_relative(source):
+        raise Unresolvable(_OUTSIDE)
     real_base = _real_base(base_dir)
     try:
         # Non-strict first: a link leading outside is refused whether or not
         # its target exists, so the answer reveals nothing about outside files.
         real = (real_base / source).resolve(strict=False)
     except (OSError, RuntimeError):  # symlink loops
-        raise _Unresolvable(_UNREADABLE) from None
+        raise Unresolvable(_UNREADABLE) from None
     if not _inside(real, real_base):
-        raise _Unresolvable(_OUTSIDE)
+        raise Unresolvable(_OUTSIDE)
     return real_base, real
 
 
@@ -121,9 +121,9 @@ def _real_base(base_dir: Path) -> Path:
     try:
         real_base = base_dir.resolve(strict=True)
     except (OSError, RuntimeError):
-        raise _Unresolvable("base directory not found") from None
+        raise Unresolvable("base directory not found") from None
     if not real_base.is_dir():
-        raise _Unresolvable("base directory not found")
+        raise Unresolvable("base directory not found")
     return real_base
 
 
@@ -131,7 +131,7 @@ def _inside(path: Path, base: Path) -> bool:
     return path != base and path.is_relative_to(base)
 
 
-def _read_bounded(path: Path, real_base: Path) -> bytes:
+def read_bounded(path: Path, real_base: Path) -> bytes:
     """The file ``path`` (just resolved inside ``real_base``) read by ingest's rule
     (indexing/safe_read.py): reached from a descriptor of the base with no link followed
     (a link here appeared since the resolution), opened without blocking (a FIFO must not
@@ -145,19 +145,19 @@ def _read_bounded(path: Path, real_base: Path) -> bytes:
             finally:
                 os.close(fd)
     except safe_read.Refused as refused:
-        raise _Unresolvable(_REFUSED.get(refused.reason, _UNREADABLE)) from None
+        raise Unresolvable(_REFUSED.get(refused.reason, _UNREADABLE)) from None
     except OSError:  # the base itself could not be opened again
-        raise _Unresolvable(_UNREADABLE) from None
+        raise Unresolvable(_UNREADABLE) from None
 
 
-_REFUSED = {safe_read.NOT_FOUND: _NOT_FOUND, safe_read.TOO_LARGE: _TOO_LARGE}
+_REFUSED = {safe_read.NOT_FOUND: SOURCE_NOT_FOUND, safe_read.TOO_LARGE: SOURCE_TOO_LARGE}
 
 
 def _check_opened_inside(fd: int, real_base: Path) -> None:
     """Where /proc exists, confirm the file actually opened is under the base: a second
     check behind the link-free open (the base itself renamed or re-linked meanwhile)."""
     if safe_read.opened_inside(fd, real_base) is False:
-        raise _Unresolvable(_OUTSIDE)
+        raise Unresolvable(_OUTSIDE)
 
 
 def _reextract(
@@ -173,19 +173,19 @@ def _reextract(
         extracted = extract_bytes(data, PurePosixPath(source).suffix, encoding=encoding,
                                   serving=True)
     except Exceeded as exc:  # a budget, the time or the memory limit: said as it is
-        raise _Unresolvable(f"{_NOT_EXTRACTABLE}: {exc.reason}") from None
+        raise Unresolvable(f"{_NOT_EXTRACTABLE}: {exc.reason}") from None
     except ExtractionBusy as exc:
-        raise _Unresolvable(str(exc)) from None
+        raise Unresolvable(str(exc)) from None
     except Skipped:
-        raise _Unresolvable(_NOT_EXTRACTABLE) from None
+        raise Unresolvable(_NOT_EXTRACTABLE) from None
     except Exception:  # malformed input can fail in a parser in many ways
-        raise _Unresolvable(_NOT_EXTRACTABLE) from None
+        raise Unresolvable(_NOT_EXTRACTABLE) from None
     if (
         extracted.extractor != extractor
         or extracted.extractor_version != extractor_version
         or extracted.source_class != source_class
     ):
-        raise _Unresolvable(_EXTRACTED_DIFFERENTLY)
+        raise Unresolvable(_EXTRACTED_DIFFERENTLY)
     return extracted
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from ..errors import DocumentNotFound
-from .citations import _NOT_FOUND, _Unresolvable, _read_bounded, _resolve_source
+from .citations import SOURCE_NOT_FOUND, Unresolvable, read_bounded, resolve_source
 from .rows import DocumentChunkRow
 from .models import (
     DocumentChunk,
@@ -63,10 +63,10 @@ def source_state(base_dir, source: str, file_hash: str) -> DocumentVerification:
     if base_dir is None:
         return DocumentVerification(status="unresolvable", reason="no base directory configured")
     try:
-        real_base, path = _resolve_source(base_dir, source)
-        data = _read_bounded(path, real_base)
-    except _Unresolvable as exc:
-        if exc.reason == _NOT_FOUND:
+        real_base, path = resolve_source(base_dir, source)
+        data = read_bounded(path, real_base)
+    except Unresolvable as exc:
+        if exc.reason == SOURCE_NOT_FOUND:
             return DocumentVerification(status="missing", reason=exc.reason)
         return DocumentVerification(status="unresolvable", reason=exc.reason)
     if hashlib.sha256(data).hexdigest() == file_hash:

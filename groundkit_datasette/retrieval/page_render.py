@@ -432,7 +432,7 @@ def chunk_page_image(collection, chunk_id: str, page: int, hidden_documents=(),
     RENDER_SECONDS from now): past it, ``RenderTimeout``."""
     # Imported here, not at the top: every pdfium child imports this module, and does not
     # need them (pydantic's models cost a child ~55 ms).
-    from .citations import _TOO_LARGE, _Unresolvable, _read_bounded, _resolve_source
+    from .citations import SOURCE_TOO_LARGE, Unresolvable, read_bounded, resolve_source
     from .models import FetchChunkRequest
 
     deadline = time.monotonic() + RENDER_SECONDS if deadline is None else deadline
@@ -455,10 +455,10 @@ def chunk_page_image(collection, chunk_id: str, page: int, hidden_documents=(),
     if collection.base_dir is None:
         raise SourceChanged("no base directory configured: the source cannot be read")
     try:
-        real_base, path = _resolve_source(collection.base_dir, source)
-        data = _read_bounded(path, real_base)
-    except _Unresolvable as exc:
-        if exc.reason == _TOO_LARGE:
+        real_base, path = resolve_source(collection.base_dir, source)
+        data = read_bounded(path, real_base)
+    except Unresolvable as exc:
+        if exc.reason == SOURCE_TOO_LARGE:
             raise PageImageTooLarge(f"the source file is larger than "
                                     f"{MAX_SOURCE_BYTES // (1024 * 1024)} MiB") from None
         raise SourceChanged(f"{exc.reason}: its pages are not shown") from None

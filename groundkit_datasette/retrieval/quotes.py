@@ -185,10 +185,10 @@ def _candidates(collection, scoped, reader, quote: Quote):
         docs = _documents(collection, reader, "d.document_id = ?", [rows[0].document_id], 1)
         return docs, (rows[0] if docs else None)
     if quote.source is not None:
-        from .search import _filter_sql
+        from .search import filter_sql
         from .models import SearchRequest
 
-        clauses, params = _filter_sql(SearchRequest(query="x", source=quote.source))
+        clauses, params = filter_sql(SearchRequest(query="x", source=quote.source))
         docs = _documents(collection, reader, " AND ".join(clauses), params,
                           MAX_DOCUMENTS_SCANNED + 1)
         if len(docs) > MAX_DOCUMENTS_SCANNED:

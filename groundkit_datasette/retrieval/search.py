@@ -16,14 +16,13 @@ from .models import (
 from . import rankers
 from .rows import CITATION_COLUMNS
 from .modes import BUILTIN_MODES, HYBRID_DEPTH, RRF_K, RankContext, registered_modes
-from .modes import fuse as _fuse  # noqa: F401  (evaluate, benchmarks)
 from .rankers import dense_unavailable_reason, query_embedder  # noqa: F401  (part of the API)
 
 _GLOB_CHARS = set("*?[")
 _BUILTIN_BY_NAME = {m.name: m for m in BUILTIN_MODES}
 
 
-def _filter_sql(request: SearchRequest):
+def filter_sql(request: SearchRequest):
     clauses, params = [], []
     if request.source:
         if _GLOB_CHARS & set(request.source):
@@ -75,7 +74,7 @@ class Allowed:
 
 def _allowed(collection, request, access=None) -> Allowed | None:
     """The chunks passing the request's filters and the reader's permissions; None: all of them."""
-    clauses, params = _filter_sql(request)
+    clauses, params = filter_sql(request)
     if access is not None and not access.hidden_documents:
         access = None
     if not clauses and access is None:

@@ -195,7 +195,7 @@ def _path_entry(base: str, source):
     """``(path, what to watch)`` of a source: the directories on its path and the file itself
     (a write through another hard link reaches the file's own watch); ``(None, ())`` when it is
     not a plain relative path."""
-    if not _plain_relative(source):
+    if not plain_relative(source):
         return None, ()
     dirs, parts = [base], source.split("/")[:-1]
     for i in range(len(parts)):
@@ -366,7 +366,7 @@ def _new_watcher() -> _Watcher | None:
     return _Watcher(libc, fd)
 
 
-def _plain_relative(source) -> bool:
+def plain_relative(source) -> bool:
     return (
         isinstance(source, str)
         and bool(source)

@@ -39,7 +39,7 @@ def _json(body, status=200, request_id=None) -> Response:
     return response
 
 
-def _too_large(limit: int) -> RequestRejected:
+def too_large(limit: int) -> RequestRejected:
     size = f"{limit // 1024} KiB" if limit % 1024 == 0 else f"{limit} bytes"
     return RequestRejected(413, "payload_too_large", f"request body exceeds {size}")
 
@@ -53,7 +53,7 @@ async def read_body(receive, headers, limit: int = MAX_BODY_BYTES) -> bytes:
         except ValueError:
             raise RequestRejected(400, "invalid_request", "invalid Content-Length") from None
         if declared_size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -62,7 +62,7 @@ async def read_body(receive, headers, limit: int = MAX_BODY_BYTES) -> bytes:
         body = message.get("body", b"")
         size += len(body)
         if size > limit:
-            raise _too_large(limit)
+            raise too_large(limit)
         chunks.append(body)
         if not message.get("more_body"):
             break

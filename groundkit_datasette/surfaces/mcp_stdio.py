@@ -46,8 +46,8 @@ def claim_stdin() -> io.BufferedIOBase:
     return open(wire_fd, "rb", closefd=True)
 
 
-def _too_large(limit: int) -> str:
-    from .json_api import _too_large as too_large
+def too_large(limit: int) -> str:
+    from .json_api import too_large
 
     return str(too_large(limit)).replace("request body", "message")
 
@@ -110,7 +110,7 @@ class _StdioLines:
                 while line and not line.endswith(b"\n"):  # skip the rest of the oversized line
                     line = await self._readline(64 * 1024)
                 await self._wire.refuse(rpc_error(
-                    None, types.INVALID_REQUEST, f"invalid request: {_too_large(self._limit)}", request_id))
+                    None, types.INVALID_REQUEST, f"invalid request: {too_large(self._limit)}", request_id))
                 continue
             line = line.strip(b" \t\r\n")
             if not line:
