@@ -208,8 +208,8 @@ def cli_run(root: Path, index: Path, name: str, mode: str) -> tuple[float, float
     wall and CPU s."""
     import resource
 
-    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from groundkit_datasette.cli import cli; "
-            "cli(prog_name='groundkit')")
+    code = ("import sys; sys.path.insert(0, sys.argv.pop(1)); from groundkit_datasette.cli import main; "
+            "main()")  # what the groundkit console script runs
     env = dict(os.environ, LANCE_LOG="error", RUST_LOG="error")
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
