@@ -112,7 +112,9 @@ asyncio.run(run())
 print(json.dumps(out))
 """
 
-_CLI = _PRELUDE + r"""
+_CLI = r"""
+import sys
+sys.path.insert(0, sys.argv[1])
 from groundkit_datasette import cli
 sys.argv = ["groundkit"] + sys.argv[2:]
 getattr(cli, "main", cli.cli)()  # the console script's entry where the checkout has one
