@@ -44,14 +44,29 @@ def pending_session(model_file: Path, threads: int, *, prepack: bool = True, int
     graph in the model thread instead took three to four times as long, waiting for the GIL
     between its steps (adr/0041).
     """
-    import onnxruntime as ort  # imported on first load: it is slow and BM25-only runs never need it
-
+    ort = onnxruntime()  # imported on first load: it is slow and BM25-only runs never need it
     options = _options(ort, threads)
     if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
     if int8_matmul and signed is None:
         signed = signed_kernel_exact(ort)
     return _prepared(ort, model_file, options, ["CPUExecutionProvider"], int8_matmul, bool(signed))
+
+
+def onnxruntime():
+    """The onnxruntime module, imported with its telemetry off (issue 37).
+
+    Importing onnxruntime (1.32 here) starts its telemetry provider, which writes a device id
+    to ``~/.cache/Microsoft/DeveloperTools/.onnxruntime/`` (``deviceid``, ``onnxruntime.db``).
+    Its ``ORT_DISABLE_TELEMETRY`` environment variable, read when the library loads, turns
+    the provider off before it writes anything; ``disable_telemetry_events()`` alone comes too
+    late (the import has written the file). A value the user set is left as it is."""
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    import onnxruntime as ort
+
+    if os.environ["ORT_DISABLE_TELEMETRY"] not in ("0", ""):
+        ort.disable_telemetry_events()
+    return ort
 
 
 def _options(ort, threads: int):
