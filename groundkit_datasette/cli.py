@@ -78,6 +78,12 @@ def _explain(exc, model, names: dict[str, str]) -> str:
                 low = getattr(rule, "ge", low)
                 high = getattr(rule, "le", high)
             messages.append(f"{name} must be between {low} and {high}")
+        elif kind == "value_error":  # a validator's own words, which may start with the field
+            from .retrieval.models import readable_message
+
+            message = readable_message(error)
+            messages.append(name + message[len(field):] if message.startswith(field + " ")
+                            else f"{name} {message}")
         else:
             messages.append(f"{name} is not valid")
     return "; ".join(messages)
@@ -297,9 +303,15 @@ def _print_ingest_summary(report, path: Path, list_all: bool) -> None:
 
 def _open(collection, index_dir, base_dir=None, reranker=None):
     from .retrieval.collection import Collection
-    from .indexing.names import resolve_collection_arg
+    from .errors import NotACollection
+    from .indexing.names import SQLITE_SUFFIX, resolve_collection_arg
+    from .indexing.schema import is_collection_file
 
     directory, name = resolve_collection_arg(collection, index_dir)
+    file = Path(directory) / f"{name}{SQLITE_SUFFIX}"
+    if file.is_file() and not is_collection_file(file):
+        # Found, but not ours: "not found" would send the user looking for the file.
+        raise NotACollection(f"{file} is not a groundkit collection (no groundkit tables in it)")
     return Collection.open(name, index_dir=directory, base_dir=base_dir, reranker=reranker)
 
 
@@ -364,6 +376,8 @@ def search(collection, query, index_dir, mode, top_k, rerank, reranker, reranker
     if as_json:
         click.echo(response.model_dump_json(indent=2))
         return
+    if response.note:  # no readable chunk holds a query word: say so before the hits
+        click.echo(f"Note: {response.note}", err=True)
     click.echo(f"{len(response.hits)} hits ({response.mode}, generation {response.generation}, "
                f"{response.timings_ms.get('total_ms', 0):.1f} ms)")
     for hit in response.hits:
@@ -472,6 +486,9 @@ def collections(index_dir, as_json):
     """List the collections in --index-dir."""
     from .retrieval.collection import list_collections
 
+    if not Path(index_dir).is_dir():
+        click.echo(f"Error: index directory not found: {index_dir}", err=True)
+        sys.exit(EXIT_ERROR)
     response = list_collections(index_dir)
     if as_json:
         click.echo(response.model_dump_json(indent=2))

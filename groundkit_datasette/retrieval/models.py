@@ -15,7 +15,19 @@ CHUNK_ID_PATTERN = r"^c_[0-9a-f]{24}$"
 MAX_WINDOW = 500
 MAX_OFFSET = MAX_WINDOW - MAX_TOP_K
 _BUILTIN_MODE_NAMES = frozenset({"bm25", "dense", "hybrid"})  # modes.BUILTIN_MODES
+EMPTY_QUERY = "must not be empty"  # after the field's name: "query: must not be empty"
+# What pydantic puts before a validator's own ValueError text.
+_PYDANTIC_PREFIXES = ("Value error, ", "Assertion failed, ")
 
+
+def readable_message(error: dict) -> str:
+    """A validation error's message as users read it: a validator's own words, without
+    pydantic's "Value error, " prefix. Every surface renders messages through this."""
+    message = str(error.get("msg", ""))
+    for prefix in _PYDANTIC_PREFIXES:
+        if message.startswith(prefix):
+            return message[len(prefix):]
+    return message
 
 
 def _mode_enum(schema: dict) -> None:
@@ -78,6 +90,14 @@ class SearchRequest(Request):
         max_length=MAX_VECTOR_DIMS,
         description="A query embedding computed by the caller, of the collection's dimensions.",
     )
+
+    @field_validator("query")
+    @classmethod
+    def _has_text(cls, v):
+        # Spaces alone hold no word: BM25 finds nothing and dense ranks arbitrary chunks.
+        if not v.strip():
+            raise ValueError(EMPTY_QUERY)
+        return v
 
     @field_validator("mode")
     @classmethod

@@ -4,6 +4,7 @@ routes that describe the API (OpenAPI) and the process (health)."""
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import time
@@ -115,7 +116,7 @@ def query_arguments(tool: Tool, query_string: str) -> dict:
     for name, value in pairs:
         field = fields.get(name)
         if field is None or name in tool.path_params:
-            raise MalformedBody("unknown query parameters are not allowed")
+            raise MalformedBody(_unknown_parameter(name, fields, tool.path_params))
         if _is_list_field(field):
             arguments.setdefault(name, []).append(value)
         elif name in arguments:
@@ -123,6 +124,21 @@ def query_arguments(tool: Tool, query_string: str) -> dict:
         else:
             arguments[name] = value
     return arguments
+
+
+def _unknown_parameter(name: str, fields, path_params) -> str:
+    """Names the parameter when it is a likely slip for a field (``q`` for ``query``), and
+    the parameters the route takes otherwise: an unknown name is never repeated back (a
+    query string's names can carry data too)."""
+    if name in path_params:
+        return f"{name} is part of the path, not a query parameter"
+    known = [f for f in fields if f not in path_params]
+    guess = [f for f in known if f.startswith(name)] or difflib.get_close_matches(name, known, 1)
+    if name and guess:
+        return f"unknown query parameter: {name} (did you mean {guess[0]}?)"
+    if not known:
+        return "unknown query parameter: this route takes none"
+    return "unknown query parameter: the parameters are " + ", ".join(known)
 
 
 def json_view(tool: Tool):

@@ -9,6 +9,7 @@ before the socket opens, and the URL is printed.
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import threading
 from pathlib import Path
@@ -16,7 +17,7 @@ from pathlib import Path
 import click
 
 from ..errors import GroundkitError
-from ..indexing.names import SQLITE_SUFFIX, resolve_collection_arg
+from ..indexing.names import NAME_PATTERN, SQLITE_SUFFIX, resolve_collection_arg
 
 LOOPBACK_HOSTS = ("127.0.0.1", "::1", "localhost")
 
@@ -35,13 +36,18 @@ def collection_files(targets, index_dir: str = ".") -> list[Path]:
                 raise click.UsageError(f"no groundkit collections in {target}")
             files += [path / f"{name}{SQLITE_SUFFIX}" for name in names]
             continue
+        if not path.exists() and (os.sep in str(target) or "/" in str(target)
+                                  or str(target).endswith(SQLITE_SUFFIX)
+                                  or not NAME_PATTERN.fullmatch(str(target))):
+            # A path, not a name: say it is missing rather than that the name is invalid.
+            raise click.UsageError(f"{target}: no such file or directory")
         try:
             directory, name = resolve_collection_arg(str(target), Path(index_dir))
         except GroundkitError as exc:
             raise click.UsageError(f"{target}: {exc}") from None
         file = directory / f"{name}{SQLITE_SUFFIX}"
         if not file.is_file():
-            raise click.UsageError(f"{target}: no such collection")
+            raise click.UsageError(f"{target}: no such collection in {directory}")
         if not is_collection_file(file):
             raise click.UsageError(f"{target}: not a groundkit collection")
         files.append(file)
@@ -131,6 +137,8 @@ def run(targets, *, index_dir=".", host="127.0.0.1", port=8001, open_browser=Fal
 
     server = uvicorn.Server(uvicorn.Config(ds.app(), host=host, port=port, log_level="info",
                                            lifespan="on", workers=1))
+    # Bind and listen before saying where: a busy port is an error, not someone else's server.
+    sock = listening_socket(host, port)
     url = url_for(host, port)
     names = ", ".join(f.name[: -len(SQLITE_SUFFIX)] for f in files)
     click.echo(f"Serving {names} at {url}  (Ctrl-C to stop)")
@@ -143,9 +151,48 @@ def run(targets, *, index_dir=".", host="127.0.0.1", port=8001, open_browser=Fal
 
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     try:
-        server.run()
+        server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
+    finally:
+        sock.close()
+
+
+class PortUnavailable(click.ClickException):
+    """The address cannot be listened on: one ``Error:`` line, exit status 2 (a usage error:
+    another --port or --host is the fix)."""
+
+    exit_code = 2
+
+
+def listening_socket(host: str, port: int):
+    """A TCP socket bound to host:port and listening, as uvicorn would open it."""
+    import errno
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM)[0][0]
+    except (socket.gaierror, UnicodeError):
+        raise PortUnavailable(f"--host {host} is not an address this machine can listen on") from None
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        # As uvicorn does: reuse a port left in TIME_WAIT, never one a server listens on.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((host.strip("[]"), port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise PortUnavailable(f"port {port} on {host} is in use") from None
+        if exc.errno == errno.EACCES:
+            raise PortUnavailable(f"port {port} on {host} needs privileges this user lacks") from None
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise PortUnavailable(f"--host {host} is not an address of this machine") from None
+        raise PortUnavailable(f"cannot listen on port {port} on {host}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _open_when_up(server, url: str) -> None:

@@ -20,7 +20,9 @@ from ..errors import ErrorInfo  # noqa: F401  (the error body of every surface)
 from ..security.auth import OIDCConfig, StaticToken, parse_oidc, parse_tokens
 from ..retrieval.collection import Collection
 from ..logs import REQUEST_LINE
-from ..retrieval.models import MAX_QUERY_CHARS, MAX_TOP_K, PlainResponse, SearchRequest
+from ..retrieval.models import (
+    MAX_QUERY_CHARS, MAX_TOP_K, PlainResponse, SearchRequest, readable_message,
+)
 from ..indexing.names import validate_name
 from .datasette_compat import can, collection_file
 
@@ -65,7 +67,8 @@ def _validation_detail(exc: ValidationError) -> str:
             parts.append("unknown fields are not allowed")
             continue
         loc = ".".join(str(p) for p in err["loc"] if isinstance(p, str))
-        parts.append(f"{loc}: {err['msg']}" if loc else err["msg"])
+        message = readable_message(err)
+        parts.append(f"{loc}: {message}" if loc else message)
     return "; ".join(dict.fromkeys(parts)) or "malformed request"
 
 
