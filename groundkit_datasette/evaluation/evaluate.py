@@ -492,7 +492,7 @@ def _run_mode(col, dataset, judged, mode, rerank, depth, doc_of_chunk, log) -> M
 
     per_query, latencies, mismatches = [], [], 0
     # One untimed query first: loads the embedder and warms the vector table.
-    col.search(SearchRequest(query=dataset.queries[judged[0]][:MAX_QUERY_CHARS] or "x", mode=mode))
+    col.search(SearchRequest(query=dataset.queries[judged[0]][:MAX_QUERY_CHARS].strip() or "x", mode=mode))
     for qid in judged:
         text = dataset.queries[qid][:MAX_QUERY_CHARS].strip() or "?"
         request = SearchRequest(query=text, mode=mode, top_k=50 if rerank else 10, rerank=rerank)
