@@ -59,7 +59,17 @@ def _schema(dimensions: int):
     )
 
 
-class _ByDocument(dict):
+class _LoadedOnAsk(dict):
+    """A dict whose ``get`` loads what is asked for; ``d[key]`` goes through it too."""
+
+    def __getitem__(self, document_id):
+        found = self.get(document_id)
+        if found is None:
+            raise KeyError(document_id)
+        return found
+
+
+class _ByDocument(_LoadedOnAsk):
     """``{document_id: its chunk ids}``, each document's set made when it is first asked for
     (a run touches a few of the 45k documents; building every set costs seconds)."""
 
@@ -89,12 +99,6 @@ class _ByDocument(dict):
         found = self._load(document_id)
         return default if found is None else found
 
-    def __getitem__(self, document_id):
-        found = self.get(document_id)
-        if found is None:
-            raise KeyError(document_id)
-        return found
-
     def __contains__(self, document_id):
         return dict.__contains__(self, document_id) or document_id in self._index
 
@@ -103,7 +107,7 @@ class _ByDocument(dict):
         super().__setitem__(document_id, ids)
 
 
-class _LazyByDocument(dict):
+class _LazyByDocument(_LoadedOnAsk):
     """``{document_id: its chunk ids}``, read from the table for the documents asked for."""
 
     def __init__(self, writer: "VectorWriter"):
@@ -118,12 +122,6 @@ class _LazyByDocument(dict):
             elif writer._stored is not None and document_id in writer._stored:
                 dict.__setitem__(self, document_id, set(writer._stored[document_id]))
         return dict.get(self, document_id, default)
-
-    def __getitem__(self, document_id):
-        found = self.get(document_id)
-        if found is None:
-            raise KeyError(document_id)
-        return found
 
     def __contains__(self, document_id):
         return self.get(document_id) is not None
