@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import sys
 
-# Run as a script, this directory would lead sys.path and this file would shadow the
-# standard library's http package (httpx imports it): put the repository root there instead.
+# Run as a script, this directory would lead sys.path: put the repository root there instead,
+# so ``benchmarks`` imports as a package (as ``python -m benchmarks.http_overhead`` does).
 _HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
 sys.path.insert(0, os.path.dirname(_HERE))
